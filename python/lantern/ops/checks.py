@@ -1,0 +1,102 @@
+"""Argument checks shared by every backend (SPEC §9): each raises ValueError/TypeError naming the
+argument. Data-dependent checks (token ranges, tree order, NaN) inspect values, which costs a host
+sync on GPU tensors; they run once here, before any backend, so all backends raise the same errors."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT_DTYPES = (torch.int32, torch.int64)
+
+
+def tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Sequence[torch.dtype]] = None,
+           device: Optional[torch.device] = None, shape: Optional[Sequence[Optional[int]]] = None) -> None:
+    """Check that ``t`` is a tensor with the given rank, dtype, device and shape (None = any size)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({allowed}), got {str(t.dtype).replace('torch.', '')}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (like the other inputs), got {t.device}")
+    if shape is not None:
+        if len(shape) != t.dim() or any(s is not None and s != n for s, n in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
+
+
+def finite(name: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+
+
+def no_nan(name: str, t: torch.Tensor) -> None:
+    """-inf logits are allowed (masked tokens); NaN and +inf are not."""
+    if t.is_floating_point() and bool((torch.isnan(t) | (t == math.inf)).any()):
+        raise ValueError(f"{name} contains NaN or +inf values")
+
+
+def in_range(name: str, t: torch.Tensor, lo: int, hi: int, allow: Optional[int] = None) -> None:
+    """Every value v satisfies lo <= v < hi (or v == allow)."""
+    bad = (t < lo) | (t >= hi)
+    if allow is not None:
+        bad &= t != allow
+    if bool(bad.any()):
+        v = t[bad].flatten()[0].item()
+        raise ValueError(f"{name} has value {v} outside [{lo}, {hi})")
+
+
+def per_row(name: str, value, B: int, device: torch.device, *, integer: bool = False) -> None:
+    """A setting given as a Python number or a ``[B]`` (or 0-d) tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 1 or (value.dim() == 1 and value.shape[0] != B):
+            raise ValueError(f"{name} must be a number or a tensor of shape [{B}], got {list(value.shape)}")
+        if value.device != device:
+            raise ValueError(f"{name} must be on {device} (like the logits), got {value.device}")
+        if integer and value.is_floating_point():
+            raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
+    elif integer and not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def values(value) -> torch.Tensor:
+    return value.detach().to("cpu", torch.float64) if isinstance(value, torch.Tensor) else torch.tensor(
+        float(value), dtype=torch.float64)
+
+
+def check_parents(parents: torch.Tensor, name: str = "parents") -> None:
+    """parents [B, T] int64: parents[:, 0] == -1; each other node is padding (-1) or has a parent
+    that comes before it and is not padding itself."""
+    tensor(name, parents, ndim=2, dtypes=(torch.int64,))
+    B, T = parents.shape
+    if T < 1:
+        raise ValueError(f"{name} must have at least one node (the root), got shape {list(parents.shape)}")
+    if bool((parents[:, 0] != -1).any()):
+        raise ValueError(f"{name}[:, 0] must be -1 (node 0 is the root)")
+    if T == 1:
+        return
+    idx = torch.arange(T, device=parents.device)
+    rest = parents[:, 1:]
+    if bool(((rest < -1) | (rest >= idx[1:])).any()):
+        raise ValueError(f"{name} must be topologically ordered: parents[b, i] < i (or -1 for padding)")
+    # a real node's parent must itself be real (the root, or a node with a parent)
+    is_real = torch.cat([torch.ones_like(parents[:, :1], dtype=torch.bool), parents[:, 1:] >= 0], 1)
+    parent_real = torch.gather(is_real, 1, rest.clamp(min=0))
+    if bool(((rest >= 0) & ~parent_real).any()):
+        raise ValueError(f"{name} links a node to a padding node (parents[b, i] names a node whose parent is -1)")
+
+
+from .checks_verify import check_philox, check_process_logits, check_verify  # noqa: E402,F401
+from .checks_tree import (  # noqa: E402,F401
+    check_build_tree,
+    check_compact_kv,
+    check_latent_neighbours,
+    check_tree_attention,
+)

@@ -1,0 +1,147 @@
+"""SPEC §9: every argument of verify / process_logits / philox_uniform is checked, with a message that
+names it. Run through the public ops, so every backend inherits the same errors."""
+import math
+
+import pytest
+import torch
+
+import lantern
+from lantern import ops
+
+BACKENDS = ["reference"]
+
+B, T, V, K = 2, 4, 8, 3
+
+
+def make_args(**over):
+    g = torch.Generator().manual_seed(0)
+    args = dict(
+        logits=torch.randn(B, T, V, generator=g),
+        tokens=torch.tensor([[1, 2, 3, 4], [0, 5, -1, 6]]),
+        parents=torch.tensor([[-1, 0, 0, 1], [-1, 0, -1, 1]]),
+        neighbours=torch.stack([(torch.arange(V) + i) % V for i in range(1, K + 1)], 1).to(torch.int32),
+    )
+    kwargs = dict(k=2, delta=0.1)
+    for key, value in over.items():
+        (args if key in args else kwargs)[key] = value
+    return args, kwargs
+
+
+def call_verify(backend, **over):
+    args, kwargs = make_args(**over)
+    with lantern.fused(backend):
+        return ops.verify(args.pop("logits"), args.pop("tokens"), args.pop("parents"), args.pop("neighbours"),
+                          **kwargs)
+
+
+BAD_VERIFY = [
+    # (override, exception, message fragment)
+    (dict(logits=torch.randn(B, T)), ValueError, "logits"),
+    (dict(logits=torch.randint(0, 3, (B, T, V))), TypeError, "logits"),
+    (dict(logits=torch.full((B, T, V), math.nan)), ValueError, "logits"),
+    (dict(tokens=torch.tensor([[1, 2, 3, 4], [0, 5, -1, V]])), ValueError, "tokens"),
+    (dict(tokens=torch.tensor([[1, 2, 3, -3], [0, 5, -1, 6]])), ValueError, "tokens"),
+    (dict(tokens=torch.tensor([[1, 2, 3, 4], [0, 5, 2, 6]])), ValueError, "padding"),
+    (dict(tokens=torch.zeros(B, T, dtype=torch.int32)), TypeError, "tokens"),
+    (dict(tokens=torch.zeros(B, T + 1, dtype=torch.int64)), ValueError, "tokens"),
+    (dict(parents=torch.tensor([[-1, 0, 0, 3], [-1, 0, -1, 1]])), ValueError, "parents"),  # self loop
+    (dict(parents=torch.tensor([[-1, 0, 3, 1], [-1, 0, -1, 1]])), ValueError, "parents"),  # forward edge / cycle
+    (dict(parents=torch.tensor([[0, 0, 0, 1], [-1, 0, -1, 1]])), ValueError, "parents"),  # root with parent
+    (dict(parents=torch.tensor([[-1, 0, 0, 1], [-1, 0, -1, 2]])), ValueError, "parents"),  # child of padding
+    (dict(parents=torch.tensor([[-1, 0, 0, -2], [-1, 0, -1, 1]])), ValueError, "parents"),
+    (dict(k=K + 1), ValueError, "k=4 exceeds"),
+    (dict(k=-1), ValueError, "k must"),
+    (dict(k=1.5), TypeError, "k must"),
+    (dict(neighbours=None), ValueError, "neighbours"),
+    (dict(neighbours=torch.zeros(V, K, dtype=torch.int64)), TypeError, "neighbours"),
+    (dict(neighbours=torch.zeros(V - 1, K, dtype=torch.int32)), ValueError, "neighbours"),
+    (dict(neighbours=torch.full((V, K), V, dtype=torch.int32)), ValueError, "neighbours"),
+    (dict(delta=-0.1), ValueError, "delta"),
+    (dict(delta=math.nan), ValueError, "delta"),
+    (dict(lam=0.5), ValueError, "lam"),
+    (dict(lam=2.0, budget="node"), ValueError, "budget"),
+    (dict(budget="row"), ValueError, "budget"),
+    (dict(temperature=-1.0), ValueError, "temperature"),
+    (dict(temperature=torch.tensor([1.0, -0.5])), ValueError, "temperature"),
+    (dict(temperature=torch.ones(B + 1)), ValueError, "temperature"),
+    (dict(top_p=0.0), ValueError, "top_p"),
+    (dict(top_p=1.5), ValueError, "top_p"),
+    (dict(top_k=-1), ValueError, "top_k"),
+    (dict(top_k=2.5), TypeError, "top_k"),
+    (dict(cfg_scale=math.inf, uncond_logits=torch.zeros(B, T, V)), ValueError, "cfg_scale"),
+    (dict(uncond_logits=torch.zeros(B, T, V - 1)), ValueError, "uncond_logits"),
+    (dict(uncond_logits=torch.full((B, T, V), math.nan)), ValueError, "uncond_logits"),
+    (dict(draft_probs=torch.rand(B, T, V - 1)), ValueError, "draft_probs"),
+    (dict(draft_probs=-torch.rand(B, T, V)), ValueError, "draft_probs"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(seed=2**64), ValueError, "seed"),
+    (dict(seed=1.0), TypeError, "seed"),
+    (dict(offset=2**32), ValueError, "offset"),
+    (dict(offset=torch.tensor([1, 2])), ValueError, "offset"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("override,exc,fragment", BAD_VERIFY, ids=[f"{i}-{e[2]}" for i, e in enumerate(BAD_VERIFY)])
+def test_verify_rejects_bad_input(backend, override, exc, fragment):
+    with pytest.raises(exc, match=fragment):
+        call_verify(backend, **override)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_verify_accepts_the_good_arguments(backend):
+    result = call_verify(backend)
+    assert result.accept_len.shape == (B,) and result.path.shape == (B, T - 1)
+    # tensors for seed / offset and per-row settings are accepted too
+    call_verify(backend, seed=torch.tensor(3), offset=torch.tensor(7), temperature=torch.tensor([0.0, 1.0]),
+                top_k=torch.tensor([0, 3]), top_p=torch.tensor([1.0, 0.5]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_verify_rejects_device_mismatch(backend):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a second device")
+    with pytest.raises(ValueError, match="tokens"):
+        call_verify(backend, tokens=make_args()[0]["tokens"].cuda())
+
+
+BAD_PROCESS = [
+    (dict(logits=torch.tensor([1.0, math.nan])), ValueError, "logits"),
+    (dict(logits=torch.tensor([1.0, math.inf])), ValueError, "logits"),
+    (dict(logits=torch.zeros(3, 0)), ValueError, "logits"),
+    (dict(logits=[1.0, 2.0]), TypeError, "logits"),
+    (dict(temperature=-0.1), ValueError, "temperature"),
+    (dict(top_k=-2), ValueError, "top_k"),
+    (dict(top_p=0.0), ValueError, "top_p"),
+    (dict(cfg_scale=math.nan, uncond_logits=torch.zeros(2)), ValueError, "cfg_scale"),
+    (dict(uncond_logits=torch.zeros(3)), ValueError, "uncond_logits"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("override,exc,fragment", BAD_PROCESS, ids=[f"{i}-{e[2]}" for i, e in enumerate(BAD_PROCESS)])
+def test_process_logits_rejects_bad_input(backend, override, exc, fragment):
+    kwargs = dict(logits=torch.tensor([1.0, 2.0]))
+    kwargs.update(override)
+    with lantern.fused(backend), pytest.raises(exc, match=fragment):
+        ops.process_logits(**kwargs)
+
+
+@pytest.mark.parametrize("args,exc,fragment", [
+    ((-1, 0, 0, 0, 0), ValueError, "seed"),
+    ((0, 2**32, 0, 0, 0), ValueError, "c0"),
+    ((0, 0, torch.tensor([-1]), 0, 0), ValueError, "c1"),
+    ((0, 0, 0, torch.tensor([0.5]), 0), TypeError, "c2"),
+    ((0, 0, 0, 0, "1"), ValueError, "c3"),
+])
+def test_philox_rejects_bad_input(args, exc, fragment):
+    with pytest.raises(exc, match=fragment):
+        ops.philox_uniform(*args)
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="'tpu'"):
+        lantern.enable_fused("tpu")
+    with pytest.raises(RuntimeError, match="triton"):
+        lantern.enable_fused("triton")
+    assert lantern.active_backend() == "reference"
