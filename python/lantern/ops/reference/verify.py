@@ -48,11 +48,10 @@ def merge_neighbours(p, x, neighbours, k, budget, faults=()) -> Tuple[torch.Tens
 
 def collapse_onto(p, x, merged, p_tilde) -> torch.Tensor:
     """p~_x: p with the mass of A(x) \\ {x} moved onto x."""
-    out = p.clone()
-    drop = merged.clamp(min=0)
-    out.scatter_(1, drop, torch.where(merged >= 0, 0.0, out.gather(1, drop)))
-    out.scatter_(1, x[:, None], p_tilde[:, None].to(out.dtype))
-    return out
+    # count-based mask: scatter with the -1 padding clamped to 0 must not race a real neighbour 0
+    hits = torch.zeros_like(p, dtype=torch.int32).scatter_add_(1, merged.clamp(min=0), (merged >= 0).to(torch.int32))
+    out = torch.where(hits > 0, 0.0, p)
+    return out.scatter(1, x[:, None], p_tilde[:, None].to(out.dtype))
 
 
 def _normalise(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

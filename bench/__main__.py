@@ -1,0 +1,26 @@
+"""Run every benchmark: `python -m bench [--quick] [--json PATH]`."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .common import Report
+from . import bench_neighbours, bench_verify
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats")
+    parser.add_argument("--json", default="bench/results/bench.json", help="where to write the results")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    report = Report()
+    bench_verify.run(report, quick=args.quick)
+    bench_neighbours.run(report, quick=args.quick)
+    report.write(args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Timing helpers: medians over repeats, ratios measured in the same run (this machine is shared and
+noisy, so absolute times mean little)."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from typing import Callable, Dict, List
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class Report:
+    """Collects rows {bench, case, impl, median_s, ...} and ratios against a named baseline."""
+
+    def __init__(self) -> None:
+        self.rows: List[Dict] = []
+
+    def add(self, bench: str, case: str, impl: str, median_s: float, **extra) -> None:
+        self.rows.append(dict(bench=bench, case=case, impl=impl, median_s=median_s, **extra))
+        print(f"{bench:>18} {case:<34} {impl:<22} {1e3 * median_s:10.2f} ms", flush=True)
+
+    def ratio(self, bench: str, case: str, slow: str, fast: str) -> float:
+        times = {r["impl"]: r["median_s"] for r in self.rows if r["bench"] == bench and r["case"] == case}
+        value = times[slow] / times[fast]
+        self.rows.append(dict(bench=bench, case=case, ratio=f"{slow}/{fast}", value=value))
+        print(f"{bench:>18} {case:<34} {slow} / {fast} = {value:.2f}x", flush=True)
+        return value
+
+    def write(self, path: str) -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(self.rows, f, indent=2)
+        print(f"wrote {path}")
