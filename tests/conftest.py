@@ -1,0 +1,8 @@
+"""Shared pytest setup. Puts tests/ on sys.path so test modules can import helpers kept here
+(e.g. ``from neighbour_check import assert_neighbours_valid``)."""
+import os
+import sys
+
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
