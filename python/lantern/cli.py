@@ -1,4 +1,9 @@
-"""`lantern` command line: `lantern demo` (synthetic acceptance statistics)."""
+"""`lantern` command line.
+
+  lantern generate   sample images with a LlamaGen-architecture model (the shipped tiny default, or
+                     official checkpoints), write a PNG grid, print tokens/s (and quality for the tiny model)
+  lantern demo       verification statistics on synthetic draft trees (delta = 0 vs delta > 0)
+"""
 from __future__ import annotations
 
 import argparse
@@ -22,9 +27,19 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from .generate_cli import run_generate
+
+    return run_generate(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lantern", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lantern", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    from .generate_cli import add_generate_parser
+
+    add_generate_parser(sub).set_defaults(func=_generate)
     demo = sub.add_parser("demo", help="verify synthetic draft trees at several delta / lambda settings and "
                                        "print acceptance statistics (tau, acceptance rate)")
     demo.add_argument("--vocab", type=int, default=4096, help="vocabulary (codebook) size V (default 4096)")

@@ -1,0 +1,66 @@
+"""Autoregressive sampling with LlamaGen's semantics, through ``lantern.ops`` only.
+
+A token is sampled by ``lantern.ops.verify`` on a one-node tree (the root alone): that is exactly §1
+(guidance, temperature, top-k, top-p) followed by the §5 exponential race keyed by (token, node 0, row,
+offset = step). Speculative decoding verifies through the same op with the same stream, so on every
+backend a seed reproduces an image exactly, and greedy speculative decoding at δ = 0 reproduces greedy AR.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+
+from .. import ops
+
+Number = Union[int, float, torch.Tensor]
+
+
+def sample_next(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], *, cfg_scale: Number = 1.0,
+                temperature: Number = 1.0, top_k: Number = 0, top_p: Number = 1.0, seed: int = 0,
+                offset: int = 0) -> torch.Tensor:
+    """logits / uncond_logits [B, V] -> next tokens [B] int64 (temperature 0 = greedy argmax)."""
+    B = logits.shape[0]
+    root = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)
+    parents = torch.full((B, 1), -1, dtype=torch.int64, device=logits.device)
+    result = ops.verify(logits[:, None], root, parents, uncond_logits=None if uncond_logits is None else
+                        uncond_logits[:, None], cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed, offset=offset)
+    return result.next_token
+
+
+@torch.no_grad()
+def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, temperature: Number = 1.0,
+                top_k: Number = 0, top_p: Number = 1.0, cfg_interval: int = -1, seed: int = 0,
+                on_token: Optional[Callable[[int], None]] = None) -> torch.Tensor:
+    """Sample a whole image's tokens: cond_idx c2i class ids [B] (or t2i caption features [B, C, D]) ->
+    tokens [B, L] int64, L = the model's block_size.
+
+    Guidance (cfg_scale != 1) doubles the batch as [cond; uncond] like LlamaGen; with cfg_interval >= 0,
+    steps after cfg_interval use the conditional logits alone (LlamaGen's cfg_interval). The sampled
+    token is fed to both halves. ``on_token(step)`` is called after each token (progress bars)."""
+    B = cond_idx.shape[0]
+    L, C = model.config.block_size, model.config.cond_len
+    guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
+    cond = model.double_for_cfg(cond_idx) if guided else cond_idx
+    rows = cond.shape[0]
+    device = model.tok_embeddings.weight.device
+    model.setup_cache(rows, C + L)
+    cache_len = torch.zeros(rows, dtype=torch.int64, device=device)
+    logits = model(None, cond, cache_len=cache_len)[:, -1]  # [rows, V]: predicts image token 0
+    tokens = torch.empty(B, L, dtype=torch.int64, device=device)
+    for step in range(L):
+        lc, lu = (logits[:B], logits[B:]) if guided else (logits, None)
+        if guided and 0 <= cfg_interval < step:
+            lu = None
+        tokens[:, step] = sample_next(lc, lu, cfg_scale=cfg_scale if lu is not None else 1.0,
+                                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                      offset=step)
+        if on_token is not None:
+            on_token(step)
+        if step + 1 < L:
+            feed = tokens[:, step : step + 1].repeat(rows // B, 1)  # [rows, 1], both CFG halves
+            cache_len = torch.full((rows,), C + step, dtype=torch.int64, device=device)
+            logits = model(feed, cache_len=cache_len)[:, -1]
+    model.free_cache()
+    return tokens

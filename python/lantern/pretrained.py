@@ -1,0 +1,35 @@
+"""The shipped tiny default model (trained by ``python -m lantern.tiny.train``, weights committed)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+TINY_DIR = Path(__file__).resolve().parent / "weights" / "tiny"
+
+
+@dataclass
+class TinyModels:
+    gpt: torch.nn.Module
+    vq: torch.nn.Module
+    meta: dict  # configs, class names, sampling defaults, training figures
+
+
+def tiny_meta(directory: Path = TINY_DIR) -> dict:
+    path = directory / "tiny.json"
+    if not path.exists():
+        raise FileNotFoundError(f"the tiny default model is missing: {path} (train it with python -m lantern.tiny.train)")
+    return json.loads(path.read_text())
+
+
+def load_tiny(device: str = "cpu", dtype: Optional[torch.dtype] = None, directory: Path = TINY_DIR) -> TinyModels:
+    from .models import load_gpt, load_vq
+
+    meta = tiny_meta(directory)
+    gpt = load_gpt(str(directory / "gpt.safetensors"), meta.get("gpt_name", "GPT-tiny"), device=device,
+                   dtype=dtype or torch.float32).eval()
+    vq = load_vq(str(directory / "vq.safetensors"), meta.get("vq_name", "VQ-tiny"), device=device).eval()
+    return TinyModels(gpt, vq, meta)
