@@ -1,0 +1,72 @@
+"""Build lantern and its extension lantern._C (metadata: pyproject.toml).
+
+lantern._C always holds the CPU kernels (csrc/ops.cpp + csrc/cpu/*.cpp). The CUDA kernels (csrc/cuda/*.cu,
+compiled with -DLANTERN_WITH_CUDA) are added when a CUDA toolkit is found (CUDA_HOME, else /usr/local/cuda),
+torch is a CUDA build and LANTERN_NO_CUDA is not "1". TORCH_CUDA_ARCH_LIST defaults to "8.0;9.0".
+Install: ``pip install --no-build-isolation -e .`` (MAX_JOBS bounds the parallel compile jobs).
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+if os.path.isdir("/usr/local/cuda"):
+    os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")  # read by torch.utils.cpp_extension on import
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources(pattern):
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def _with_cuda():
+    if os.environ.get("LANTERN_NO_CUDA") == "1":
+        return False, "LANTERN_NO_CUDA=1"
+    if torch.version.cuda is None:
+        return False, "torch is not a CUDA build"
+    if not CUDA_HOME or not os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")):
+        return False, "no CUDA toolkit found (set CUDA_HOME)"
+    return True, f"CUDA toolkit at {CUDA_HOME}, TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}"
+
+
+def extension():
+    with_cuda, why = _with_cuda()
+    print(f"lantern: building lantern._C {'with' if with_cuda else 'without'} CUDA kernels ({why})")
+    # torch 2.14's headers require C++20, which torch.utils.cpp_extension passes by default; the torch-free
+    # headers under csrc/include/lantern stay C++17 so standalone tests can use them.
+    kwargs = dict(
+        name="lantern._C",
+        sources=_sources("csrc/ops.cpp") + _sources("csrc/cpu/*.cpp"),
+        include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "csrc", "include")],
+        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-lineinfo"]},
+    )
+    if not with_cuda:
+        return CppExtension(**kwargs)
+    kwargs["sources"] += _sources("csrc/cuda/*.cu")
+    kwargs["define_macros"] = [("LANTERN_WITH_CUDA", "1")]
+    return CUDAExtension(**kwargs)
+
+
+class BuildExt(BuildExtension.with_options(use_ninja=True)):
+    """A persistent build/temp (editable installs otherwise compile in a fresh temp dir each time), so ninja
+    rebuilds only what changed."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(ROOT, "build", "temp")
+
+
+packages = find_packages("python", include=["lantern", "lantern.*"])
+packages += find_packages(".", include=["lantern_kernels", "lantern_kernels.*"])
+
+setup(
+    packages=packages,
+    package_dir={"lantern": "python/lantern", "lantern_kernels": "lantern_kernels"},
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,0 +1,95 @@
+"""The C++/CUDA extension lantern._C: it imports, registers its ops (CUDA kernels too when CI demands it),
+and its ops trace under FakeTensorMode and torch.compile."""
+import os
+import time
+
+import pytest
+import torch
+
+import lantern
+from lantern import _backend
+
+_C = pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
+from lantern.ops import fused_cpu  # noqa: E402
+
+OPS = ("lantern::compact_kv", "lantern::philox_uniform")
+REQUIRE_CUDA_BUILD = os.environ.get("CI") == "true" or os.environ.get("LANTERN_REQUIRE_CUDA_BUILD") == "1"
+
+
+def _has_kernel(op, key):
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+
+
+def test_extension_imports_and_registers_cpu_kernels():
+    assert isinstance(_C.cuda_compiled(), bool)
+    for op in OPS:
+        assert _has_kernel(op, "CPU"), op
+    assert _backend._why_unavailable("cpu") is None
+    assert lantern.fused_ops("cpu")["compact_kv"] and lantern.fused_ops("cpu")["philox_uniform"]
+
+
+def test_cuda_kernels_compiled():
+    """In CI (CI=true or LANTERN_REQUIRE_CUDA_BUILD=1) the .cu sources must have compiled into lantern._C."""
+    if not REQUIRE_CUDA_BUILD and not _C.cuda_compiled():
+        pytest.skip("lantern._C was built without CUDA kernels (set CI=true to require them)")
+    assert _C.cuda_compiled(), "lantern._C was built without csrc/cuda (is CUDA_HOME set at build time?)"
+    for op in OPS:
+        assert _has_kernel(op, "CUDA"), f"{op} has no CUDA kernel"
+
+
+def test_cuda_availability_says_why():
+    why = _backend._why_unavailable("cuda")
+    if fused_cpu.cuda_compiled() and torch.cuda.is_available():
+        assert why is None
+    else:
+        assert isinstance(why, str) and ("CUDA" in why)
+
+
+def _compact_inputs():
+    cache = torch.randn(2, 2, 3, 2, 10, 4)  # [layers, K/V, B, Hkv, Lmax, Dh]
+    cache_len = torch.tensor([2, 0, 5])
+    path_nodes = torch.tensor([[0, 1, 3], [0, 2, -1], [0, -1, -1]])
+    n_keep = torch.tensor([3, 2, 1])
+    return cache, cache_len, path_nodes, n_keep
+
+
+def test_opcheck_compact_kv():
+    torch.library.opcheck(torch.ops.lantern.compact_kv.default, _compact_inputs())
+
+
+def test_opcheck_philox_uniform():
+    args = (torch.tensor(42), torch.arange(6).view(2, 3), torch.tensor(1), torch.tensor([[7], [8]]), torch.tensor(0))
+    torch.library.opcheck(torch.ops.lantern.philox_uniform.default, args)
+
+
+def test_fake_tensor_mode_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        cache, cache_len, path_nodes, n_keep = (mode.from_tensor(t) for t in _compact_inputs())
+        new_len = torch.ops.lantern.compact_kv(cache, cache_len, path_nodes, n_keep)
+        assert new_len.shape == (3,) and new_len.dtype == torch.int64
+        seed, c0, c1, c = (mode.from_tensor(t) for t in (torch.tensor(0), torch.zeros(4, 1, dtype=torch.int64),
+                                                          torch.zeros(5, dtype=torch.int32), torch.tensor(0)))
+        u = torch.ops.lantern.philox_uniform(seed, c0, c1, c, c)
+        assert u.shape == (4, 5) and u.dtype == torch.float32
+
+
+def test_torch_compile_fullgraph():
+    """torch.compile (inductor; ~10 s cold on 2 CPU cores) traces the in-place compact_kv and philox_uniform
+    in one graph, and the compiled graph gives the eager results."""
+    def step(cache, cache_len, path_nodes, n_keep, seed, offset):
+        new_len = torch.ops.lantern.compact_kv(cache, cache_len, path_nodes, n_keep)
+        u = torch.ops.lantern.philox_uniform(seed, torch.arange(4), new_len[:, None], torch.tensor(0), offset)
+        return new_len * 1, u + 0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    eager_args = _compact_inputs() + (torch.tensor(7), torch.tensor(3))
+    comp_args = tuple(t.clone() for t in eager_args)
+    t0 = time.perf_counter()
+    got = compiled(*comp_args)
+    assert time.perf_counter() - t0 < 120, "torch.compile took over 2 minutes"
+    want = step(*eager_args)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(comp_args[0], eager_args[0], rtol=0, atol=0)  # the in-place update survives
