@@ -1,0 +1,215 @@
+"""Draft trees grown by a drafter from each row's root: chain, static (fixed shape, sampled drafts) and
+dynamic (EAGLE-2: top-k per node, a beam of the best nodes per depth, the best N nodes overall).
+
+A tree is (tokens [B, T], parents [B, T], depth [B, T], draft_probs [B, T, V] or None); node 0 is the
+root (the last committed token). Builders create tensors on the default device: the loop calls them
+under ``with torch.device(...)``. Each grows depth by depth; at each depth the drafter scores the whole
+partial tree below the root (``Drafter.expand``), so its cache holds only committed tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from .. import ops
+
+DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's sampling stream: another Philox key than verify's
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor  # [B, T] int64
+    parents: torch.Tensor  # [B, T] int64
+    depth: torch.Tensor  # [B, T] int64 (root 0)
+    draft_probs: Optional[torch.Tensor]  # [B, T, V] (sampled drafts) or None (deterministic)
+    draft_forwards: int
+
+
+def static_shape(widths: Sequence[int]) -> List[int]:
+    """Parents of the fixed static tree: a node at depth d that is its parent's r-th child gets
+    max(0, widths[d] - r) children (the root is depth 0, rank 0). (6, 4, 3, 2, 1, 1) -> 56 nodes."""
+    parents, ranks, depths = [-1], [0], [0]
+    frontier = [0]
+    for d, width in enumerate(widths):
+        nxt = []
+        for node in frontier:
+            for r in range(max(0, width - ranks[node])):
+                parents.append(node)
+                ranks.append(r)
+                depths.append(d + 1)
+                nxt.append(len(parents) - 1)
+        frontier = nxt
+    return parents
+
+
+class DraftScorer:
+    """Runs the drafter on partial trees and turns its logits into guided draft distributions.
+    rows = 2B with guidance ([cond; uncond] halves), else B."""
+
+    def __init__(self, drafter, B: int, guided: bool, cfg_scale, positions_base: torch.Tensor, max_pos: int):
+        self.drafter, self.B, self.guided, self.cfg_scale = drafter, B, guided, cfg_scale
+        self.positions_base, self.max_pos = positions_base, max_pos  # [B] raster index of the root
+        self.forwards = 0
+
+    def guide(self, logits: torch.Tensor) -> torch.Tensor:
+        """[rows, ..., V] -> [B, ..., V]"""
+        if not self.guided:
+            return logits
+        cond, uncond = logits[: self.B], logits[self.B :]
+        s = self.cfg_scale
+        if isinstance(s, torch.Tensor):
+            s = s.view(-1, *([1] * (cond.dim() - 1)))
+        return uncond + s * (cond - uncond)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x]) if self.guided else x
+
+    def score(self, tokens, parents, depth, parent_state):
+        """Partial tree below the root: tokens/parents/depth [B, T] (parents -1 = root) and the drafter
+        state of each node's parent [rows, T, S] -> guided logits [B, T, V], node states [rows, T, S]."""
+        positions = (self.positions_base[:, None] + depth).clamp(max=self.max_pos)
+        logits, state = self.drafter.expand(self.rows(tokens), self.rows(parents), parent_state,
+                                            self.rows(positions))
+        self.forwards += 1
+        return self.guide(logits), state
+
+
+def _gather_state(root_state, node_state, parents):
+    """state of each node's parent: the root's for parents == -1, else node_state[parent]."""
+    R, T = parents.shape[0], parents.shape[1]
+    root = root_state[:, None].expand(R, T, root_state.shape[-1])
+    if node_state is None:
+        return root
+    idx = parents.clamp(min=0)[..., None].expand(R, T, node_state.shape[-1])
+    return torch.where((parents >= 0)[..., None], node_state.gather(1, idx), root)
+
+
+def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids: torch.Tensor, offset: int):
+    """m draws without replacement from probs [B, N, V] (rows of node_ids [B, N]) by exponential keys on
+    the drafter's own Philox stream: the m smallest E_i / q_i -> tokens [B, N, m]."""
+    B, N, V = probs.shape
+    dev = probs.device
+    u = ops.philox_uniform(seed ^ DRAFT_SEED_SALT, torch.arange(V, device=dev)[None, None, :],
+                           node_ids[..., None], torch.arange(B, device=dev)[:, None, None], offset)
+    keys = torch.where(probs > 0, -torch.log1p(-u) / probs, float("inf"))
+    return keys.topk(m, dim=-1, largest=False).indices
+
+
+def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: int, sampled: bool,
+               process: Callable, seed: int, offset: int) -> Tree:
+    """A chain of `depth` drafts: top-1 (deterministic) or one draw from the processed draft distribution."""
+    B = root_tok.shape[0]
+    probs = []  # node d's draft distribution (its child was drawn from it)
+    logits, node_state = root_logits, None  # [B, V] guided
+    chain_parents = torch.empty(B, 0, dtype=torch.int64)
+    chain_tokens = torch.empty(B, 0, dtype=torch.int64)
+    for d in range(depth):
+        q = process(logits)  # [B, V]
+        if sampled:
+            tok = sample_without_replacement(q[:, None], 1, seed, torch.full((B, 1), d), offset)[:, 0, 0]
+        else:
+            tok = logits.argmax(-1)
+        probs.append(q)
+        chain_tokens = torch.cat([chain_tokens, tok[:, None]], 1)
+        chain_parents = torch.cat([chain_parents, torch.full((B, 1), d - 1)], 1)
+        if d + 1 < depth:
+            level_depth = torch.arange(1, d + 2).expand(B, -1)
+            parent_state = _gather_state(root_state, node_state, scorer.rows(chain_parents))
+            all_logits, node_state = scorer.score(chain_tokens, chain_parents, level_depth, parent_state)
+            logits = all_logits[:, -1]
+    T = depth + 1
+    tree_tokens = torch.cat([root_tok[:, None], chain_tokens], 1)
+    tree_parents = torch.arange(-1, T - 1).expand(B, T).contiguous()
+    draft_probs = None
+    if sampled:
+        draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # node d's children drawn from probs[d]
+    return Tree(tree_tokens, tree_parents, torch.arange(T).expand(B, T).contiguous(), draft_probs, scorer.forwards)
+
+
+def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: List[int], process: Callable,
+                seed: int, offset: int) -> Tree:
+    """The fixed shape, children of each node drawn without replacement from the node's processed draft
+    distribution (sampled drafts, EAGLE-1 / LANTERN++ style). One drafter call and one draw per depth."""
+    B, T, V = root_tok.shape[0], len(shape), root_logits.shape[-1]
+    parents = torch.tensor(shape).expand(B, T).contiguous()
+    depth = _depths(parents[:1])[0]  # [T]
+    n_children = torch.bincount(torch.tensor(shape[1:]), minlength=T)  # [T]
+    # child c of its parent is the rank-th draw from the parent's distribution
+    rank = torch.zeros(T, dtype=torch.int64)
+    for c in range(1, T):  # a fixed shape: host-side bookkeeping once per call, no tensor work per node
+        rank[c] = sum(1 for s in shape[1:c] if s == shape[c])
+    tokens = torch.zeros(B, T, dtype=torch.int64)
+    tokens[:, 0] = root_tok
+    draft_probs = torch.zeros(B, T, V)
+    level_logits = root_logits[:, None]  # [B, n, V] logits of the nodes of the current depth
+    node_state = None
+    for d in range(int(depth.max())):
+        level = torch.nonzero(depth == d).squeeze(1)  # node ids at depth d (contiguous: BFS order)
+        q = process(level_logits)  # [B, n, V]
+        draft_probs[:, level] = q
+        m = int(n_children[level].max())
+        if m > 0:
+            draws = sample_without_replacement(q, m, seed, level.expand(B, -1), offset)  # [B, n, m]
+            kids = torch.nonzero(depth == d + 1).squeeze(1)
+            slot = torch.searchsorted(level, torch.tensor([shape[c] for c in kids.tolist()]))
+            tokens[:, kids] = draws[:, slot, rank[kids]]
+        if d + 1 < int(depth.max()):
+            upto = int((depth <= d + 1).sum())  # nodes 1..upto-1 form the partial tree (BFS order)
+            sub_parents = parents[:, 1:upto] - 1  # partial-tree indices; the root becomes -1
+            parent_state = _gather_state(root_state, node_state, scorer.rows(sub_parents))
+            logits, node_state = scorer.score(tokens[:, 1:upto], sub_parents, depth[1:upto].expand(B, -1),
+                                              parent_state)
+            next_level = torch.nonzero(depth == d + 1).squeeze(1)
+            level_logits = logits[:, next_level - 1]
+    return Tree(tokens, parents, depth.expand(B, T).contiguous(), draft_probs, scorer.forwards)
+
+
+def grow_dynamic(scorer: DraftScorer, root_tok, root_logits, root_state, depth: int, top_per_node: int,
+                 n_nodes: int) -> Tree:
+    """EAGLE-2: expand the beam (the best `top_per_node` nodes of the last depth by cumulative draft
+    log-probability) by each node's top `top_per_node` tokens; after `depth` levels keep the best
+    `n_nodes` of all candidates (lantern.ops.build_tree). Deterministic drafts."""
+    B, k = root_tok.shape[0], top_per_node
+    logp = torch.log_softmax(root_logits, -1)  # [B, V]
+    scores, toks = logp.topk(k, dim=-1)  # [B, k]
+    cand_tokens, cand_parents, cand_scores = [toks], [torch.full((B, k), -1)], [scores]
+    beam_cand = torch.arange(k).expand(B, k)  # candidate index of each beam node
+    beam_scores = scores
+    # the partial tree = the beams of all depths so far; partial index of each beam node
+    tree_tokens, tree_parents, tree_depth = toks, torch.full((B, k), -1), torch.ones(B, k, dtype=torch.int64)
+    node_state = None
+    n_cand = k
+    for d in range(1, depth):
+        parent_state = _gather_state(root_state, node_state, scorer.rows(tree_parents))
+        logits, node_state = scorer.score(tree_tokens, tree_parents, tree_depth, parent_state)
+        beam_logp = torch.log_softmax(logits[:, -k:], -1)  # [B, k, V] the newest beam level
+        child_scores, child_toks = (beam_scores[..., None] + beam_logp).topk(k, dim=-1)  # [B, k, k]
+        flat_scores, flat_toks = child_scores.reshape(B, k * k), child_toks.reshape(B, k * k)
+        flat_parent_cand = beam_cand[:, :, None].expand(B, k, k).reshape(B, k * k)
+        cand_tokens.append(flat_toks)
+        cand_parents.append(flat_parent_cand)
+        cand_scores.append(flat_scores)
+        # next beam: the best k of these k*k candidates
+        beam_scores, pick = flat_scores.topk(k, dim=-1)  # [B, k]
+        beam_cand = n_cand + pick
+        n_cand += k * k
+        beam_parent_partial = (d - 1) * k + pick // k  # the picked child's parent is beam node pick // k
+        tree_tokens = torch.cat([tree_tokens, flat_toks.gather(1, pick)], 1)
+        tree_parents = torch.cat([tree_parents, beam_parent_partial], 1)
+        tree_depth = torch.cat([tree_depth, torch.full((B, k), d + 1)], 1)
+    tokens, parents = ops.build_tree(torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1),
+                                     torch.cat(cand_scores, 1), root_tok, min(n_nodes, n_cand))
+    return Tree(tokens, parents, _depths(parents), None, scorer.forwards)
+
+
+def _depths(parents: torch.Tensor) -> torch.Tensor:
+    """[B, T] depth of every node (root 0) by pointer jumping: log2(T) vectorised steps."""
+    B, T = parents.shape
+    depth = (parents >= 0).to(torch.int64)
+    hop = parents.clamp(min=0)
+    for _ in range(max(1, (T - 1).bit_length())):
+        depth = depth + torch.where(hop > 0, depth.gather(1, hop), 0)
+        hop = torch.where(hop > 0, hop.gather(1, hop), hop)
+    return depth
