@@ -2,6 +2,7 @@
 
   lantern generate   sample images with a LlamaGen-architecture model (the shipped tiny default, or
                      official checkpoints), write a PNG grid, print tokens/s (and quality for the tiny model)
+  lantern neighbours build (and cache) a VQ codebook's latent neighbour table
   lantern demo       verification statistics on synthetic draft trees (delta = 0 vs delta > 0)
 """
 from __future__ import annotations
@@ -33,6 +34,32 @@ def _generate(args: argparse.Namespace) -> int:
     return run_generate(args)
 
 
+def _neighbours(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+    from safetensors.torch import save_file
+
+    from .neighbours import cache_dir, neighbour_table
+
+    if args.vq == "tiny":
+        from .pretrained import load_tiny
+
+        codebook = load_tiny().vq.quantize.embedding.weight
+    else:
+        from .models import load_vq
+
+        codebook = load_vq(args.vq, args.vq_name, decoder_only=True).quantize.embedding.weight
+    t0 = time.perf_counter()
+    table = neighbour_table(codebook, args.K, normalize=not args.raw, rebuild=args.rebuild)
+    print(f"neighbour table [{table.shape[0]}, {table.shape[1]}] ready in {time.perf_counter() - t0:.1f}s "
+          f"(cache: {cache_dir()})")
+    if args.out:
+        save_file({"neighbours": table.to(torch.int32).contiguous()}, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lantern", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     from .generate_cli import add_generate_parser
 
     add_generate_parser(sub).set_defaults(func=_generate)
+    nb = sub.add_parser("neighbours", help="build (and cache on disk) a VQ codebook's latent neighbour table",
+                        description="Build the int32 [V, K] table of each code's K nearest codes (squared "
+                                    "L2 distance, ties to the lower id) with lantern.ops.latent_neighbours, "
+                                    "cache it under $LANTERN_CACHE (default ~/.cache/lantern), optionally "
+                                    "also write it to --out.")
+    nb.add_argument("--vq", default="tiny", help="'tiny' (the shipped model) or a VQ checkpoint path")
+    nb.add_argument("--vq-name", default="VQ-16", help="VQ config of the checkpoint")
+    nb.add_argument("--K", type=int, default=1000, help="neighbours per code")
+    nb.add_argument("--raw", action="store_true", help="raw codebook rows instead of L2-normalised (LlamaGen's lookup)")
+    nb.add_argument("--rebuild", action="store_true", help="ignore the disk cache")
+    nb.add_argument("--out", metavar="PATH", help="also write the table as safetensors here")
+    nb.set_defaults(func=_neighbours)
     demo = sub.add_parser("demo", help="verify synthetic draft trees at several delta / lambda settings and "
                                        "print acceptance statistics (tau, acceptance rate)")
     demo.add_argument("--vocab", type=int, default=4096, help="vocabulary (codebook) size V (default 4096)")
