@@ -1,0 +1,127 @@
+"""Train an EAGLE drafter on images the target generates itself (its own CFG and sampling settings).
+
+    python -m lantern.train_drafter [--images 2048] [--steps 1500] [--out python/lantern/weights/tiny/drafter.safetensors]
+
+Loss (EAGLE): SmoothL1 between the predicted and the target's next hidden state, plus 0.1 x the
+cross-entropy of the drafter's logits (the target's frozen head on the prediction) against the target's
+own next-token distribution. Rows are trained for both CFG halves (the class and the null class), since
+decoding runs the drafter on both.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from .decoding import generate_ar
+from .models.drafter import EagleDrafter
+
+
+@torch.no_grad()
+def self_generated(target, n_images: int, *, cfg_scale: float, temperature: float, top_k: int, seed: int,
+                   batch: int = 256):
+    """(tokens [N, L], labels [N]): the target's own samples, classes balanced."""
+    labels = torch.arange(n_images) % target.config.num_classes
+    chunks = []
+    for start in tqdm(range(0, n_images, batch), desc="sampling the target", unit="batch"):
+        chunk = labels[start : start + batch]
+        chunks.append(generate_ar(target, chunk, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                                  seed=seed + start))
+    return torch.cat(chunks), labels
+
+
+@torch.no_grad()
+def target_features(target, tokens, labels):
+    """Post-norm hidden states [N, 1 + L, dim] for the class rows and the null-class rows of the same images."""
+    null = torch.full_like(labels, target.config.num_classes)
+    _, h_cond = target.forward_full(tokens, labels, return_hidden=True)
+    _, h_null = target.forward_full(tokens, null, return_hidden=True)
+    return torch.cat([tokens, tokens]), torch.cat([h_cond, h_null])
+
+
+def drafter_loss(drafter, target, tokens, hidden):
+    """tokens [R, L]; hidden [R, 1 + L, dim]: hidden[:, t] is the target state before token t."""
+    pred = drafter.forward_train(tokens[:, :-1], hidden[:, :-2])  # predicts hidden[:, 1:-1]
+    want = hidden[:, 1:-1]
+    regression = F.smooth_l1_loss(pred, want)
+    with torch.no_grad():
+        target_probs = torch.softmax(target.output(want).float(), -1)
+    ce = -(target_probs * torch.log_softmax(drafter.logits(pred), -1)).sum(-1).mean()
+    return regression + 0.1 * ce, regression, ce
+
+
+def train(target, tokens, hidden, *, steps: int, batch: int, lr: float, seed: int, n_layer: int = 1):
+    torch.manual_seed(seed)
+    drafter = EagleDrafter(target.config, n_layer=n_layer).bind(target)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)  # linear warm-up, then cosine decay
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
+        1 + math.cos(math.pi * min(1.0, s / steps))))
+    bar = tqdm(range(steps), desc="training the drafter")
+    for step in bar:
+        idx = torch.randint(tokens.shape[0], (batch,))
+        loss, reg, ce = drafter_loss(drafter, target, tokens[idx], hidden[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}", reg=f"{reg.item():.4f}", ce=f"{ce.item():.3f}")
+    return drafter.eval()
+
+
+@torch.no_grad()
+def top1_agreement(drafter, target, tokens, hidden) -> float:
+    """How often the drafter's argmax equals the target's argmax (teacher-forced, held-out images)."""
+    pred = drafter.forward_train(tokens[:, :-1], hidden[:, :-2])
+    return (drafter.logits(pred).argmax(-1) == target.output(hidden[:, 1:-1]).argmax(-1)).float().mean().item()
+
+
+def main(argv=None) -> int:
+    from .pretrained import TINY_DIR, load_tiny
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=2048, help="self-generated training images")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(TINY_DIR / "drafter.safetensors"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    t0 = time.perf_counter()
+    tiny = load_tiny()
+    target = tiny.gpt
+    sampling = tiny.meta.get("sampling", {})
+    cfg_scale, top_k = sampling.get("cfg_scale", 4.0), sampling.get("top_k", 0)
+    tokens, labels = self_generated(target, args.images, cfg_scale=cfg_scale, temperature=1.0, top_k=top_k,
+                                    seed=args.seed + 1_000_000)
+    n_val = max(args.images // 16, 16)
+    rows, hidden = target_features(target, tokens, labels)
+    val = torch.zeros(rows.shape[0], dtype=torch.bool)
+    val[:n_val] = True
+    val[tokens.shape[0] : tokens.shape[0] + n_val] = True
+    drafter = train(target, rows[~val], hidden[~val], steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed)
+    agreement = top1_agreement(drafter, target, rows[val], hidden[val])
+    save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, args.out,
+              metadata={"n_layer": str(drafter.config.n_layer)})
+    report = dict(images=args.images, steps=args.steps, top1_agreement_heldout=agreement, cfg_scale=cfg_scale,
+                  top_k=top_k, minutes=(time.perf_counter() - t0) / 60)
+    Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=2))
+    print(f"drafter: held-out top-1 agreement with the target {100 * agreement:.1f}%, "
+          f"{report['minutes']:.1f} min -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
