@@ -39,7 +39,23 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     samp.add_argument("--top-k", type=int, help="keep the top-k logits (0 = off; default: the model's, 2000 official)")
     samp.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (1 = off)")
     run = p.add_argument_group("run")
-    run.add_argument("--method", default="ar", choices=["ar"], help="decoding method")
+    run.add_argument("--method", default="ar", choices=["ar", "spec", "lantern"],
+                     help="ar: one target forward per token; spec: exact speculative decoding; lantern: "
+                          "relaxed acceptance over latent neighbours (faster, bounded TV)")
+    spec = p.add_argument_group("speculative decoding (--method spec | lantern)")
+    spec.add_argument("--tree", default="dynamic", choices=["chain", "static", "dynamic"],
+                      help="draft tree: chain, fixed static shape (sampled drafts), EAGLE-2 dynamic")
+    spec.add_argument("--draft", choices=["deterministic", "sampled"],
+                      help="draft kind (default: sampled for static, deterministic otherwise)")
+    spec.add_argument("--depth", type=int, default=5, help="draft levels (chain length / EAGLE-2 expansions)")
+    spec.add_argument("--nodes", type=int, default=58, help="EAGLE-2: drafted nodes kept per step")
+    spec.add_argument("--k", type=int, default=1000, help="LANTERN: latent neighbours merged at most")
+    spec.add_argument("--delta", type=float, default=0.1, help="LANTERN: total-variation budget")
+    spec.add_argument("--lam", type=float, help="LANTERN++: multiplicative cap lambda (instead of --delta)")
+    spec.add_argument("--budget", default="candidate", choices=["candidate", "node"],
+                      help="delta per candidate (upstream) or per tree node (TV <= delta guaranteed)")
+    spec.add_argument("--no-ar-baseline", action="store_true",
+                      help="skip the AR run that measures speedup_vs_ar in the same process")
     run.add_argument("--fused", metavar="BACKEND", help="enable fused ops: auto | cpu | cuda | triton")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     run.add_argument("--out", default="samples.png", metavar="PATH", help="PNG grid to write")
@@ -66,11 +82,27 @@ def _load(args):
     return gpt, vq, {"sampling": {"cfg_scale": 4.0, "top_k": 2000}}
 
 
+def _drafter_and_table(args, gpt, vq):
+    from .neighbours import neighbour_table
+
+    if args.model != "tiny":
+        raise SystemExit("--method spec/lantern with official checkpoints needs a trained drafter; "
+                         "today the CLI ships one for the tiny model only (see README)")
+    from .pretrained import load_tiny_drafter
+
+    drafter = load_tiny_drafter(gpt)
+    table = None
+    if args.method == "lantern":
+        K = max(args.k, 1)
+        table = neighbour_table(vq.quantize.embedding.weight, K, normalize=True)
+    return drafter, table
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from . import enable_fused
-    from .decoding import generate_ar
+    from .decoding import generate, generate_ar
     from .images import save_grid
 
     if args.fused:
@@ -82,32 +114,56 @@ def run_generate(args: argparse.Namespace) -> int:
     classes = args.classes or (list(range(gpt.config.num_classes)) if args.model == "tiny" else LLAMAGEN_DEMO_CLASSES)
     labels = torch.tensor(classes, device=args.device).repeat_interleave(args.per_class)  # [B]
     L = gpt.config.block_size
-    bar = tqdm(total=L, desc=f"sampling {len(labels)} images", disable=args.no_progress, unit="tok")
+    sampling = dict(cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p, seed=args.seed)
+    figures = dict(method=args.method, images=len(labels), tokens_per_image=L, **sampling, out=args.out)
+    bar = tqdm(total=len(labels) * L, desc=f"{args.method}: {len(labels)} images", disable=args.no_progress, unit="tok")
     t0 = time.perf_counter()
-    tokens = generate_ar(gpt, labels, cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k,
-                         top_p=args.top_p, cfg_interval=args.cfg_interval, seed=args.seed,
-                         on_token=lambda step: bar.update(1))
-    wall = time.perf_counter() - t0
+    if args.method == "ar":
+        tokens = generate_ar(gpt, labels, cfg_interval=args.cfg_interval, on_token=lambda s: bar.update(len(labels)),
+                             **sampling)
+        figures.update(tau=1.0, target_forwards=L, draft_forwards=0)
+    else:
+        drafter, table = _drafter_and_table(args, gpt, vq)
+        tokens, stats = generate(gpt, labels, method=args.method, drafter=drafter, neighbours=table, tree=args.tree,
+                                 k=args.k, delta=args.delta, lam=args.lam, budget=args.budget,
+                                 cfg_interval=args.cfg_interval, depth=args.depth, n_nodes=args.nodes,
+                                 draft=args.draft, **sampling)
+        bar.update(len(labels) * L)
+        figures.update(tau=stats.tau, target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
+                       tree=args.tree, k=args.k, delta=args.delta, lam=args.lam, budget=args.budget)
+    figures["wall_s"] = time.perf_counter() - t0
     bar.close()
+    figures["tokens_per_s"] = len(labels) * L / figures["wall_s"]
+    if args.method != "ar" and not args.no_ar_baseline:
+        t1 = time.perf_counter()
+        generate_ar(gpt, labels, **sampling)
+        figures["ar_wall_s"] = time.perf_counter() - t1
+        figures["speedup_vs_ar"] = figures["ar_wall_s"] / figures["wall_s"]
     side = gpt.config.grid_size
     with torch.no_grad():
         images = vq.decode_codes(tokens, side, side)  # [B, 3, H, W]
     pixels = vq.to_uint8(images).cpu()
     save_grid(pixels, rows=len(classes), path=args.out, scale=max(1, 128 // pixels.shape[1]))
-    figures = dict(method=args.method, images=len(labels), tokens_per_image=L, wall_s=wall,
-                   tokens_per_s=len(labels) * L / wall, seed=args.seed, cfg_scale=cfg_scale,
-                   temperature=args.temperature, top_k=top_k, top_p=args.top_p, out=args.out)
     if args.model == "tiny":
         from .tiny.evaluate import evaluate_samples
 
         figures.update(evaluate_samples(images.cpu(), labels.cpu()))
-    print(f"{len(labels)} images x {L} tokens in {wall:.2f}s: {figures['tokens_per_s']:.1f} tokens/s "
-          f"({args.method}, {args.device})")
-    if "class_accuracy" in figures:
-        print(f"classifier accuracy {100 * figures['class_accuracy']:.1f}%  Frechet distance {figures['fd']:.2f}")
-    print(f"wrote {args.out}")
+    _print_figures(figures, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
         print(f"wrote {args.json}")
     return 0
+
+
+def _print_figures(f: dict, args) -> None:
+    print(f"{f['images']} images x {f['tokens_per_image']} tokens in {f['wall_s']:.2f}s: "
+          f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device})")
+    if args.method != "ar":
+        print(f"tau {f['tau']:.2f} tokens per target forward; {f['target_forwards']} target forwards, "
+              f"{f['draft_forwards']} drafter forwards")
+        if "speedup_vs_ar" in f:
+            print(f"speed-up vs AR (same process): {f['speedup_vs_ar']:.2f}x (AR {f['ar_wall_s']:.2f}s)")
+    if "class_accuracy" in f:
+        print(f"classifier accuracy {100 * f['class_accuracy']:.1f}%  Frechet distance {f['fd']:.2f}")
+    print(f"wrote {args.out}")

@@ -33,3 +33,20 @@ def load_tiny(device: str = "cpu", dtype: Optional[torch.dtype] = None, director
                    dtype=dtype or torch.float32).eval()
     vq = load_vq(str(directory / "vq.safetensors"), meta.get("vq_name", "VQ-tiny"), device=device).eval()
     return TinyModels(gpt, vq, meta)
+
+
+def load_tiny_drafter(gpt, directory: Path = TINY_DIR):
+    """The shipped EAGLE drafter of the tiny model (trained by python -m lantern.train_drafter)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from .models.drafter import EagleDrafter
+
+    path = directory / "drafter.safetensors"
+    if not path.exists():
+        raise FileNotFoundError(f"the tiny drafter is missing: {path} (train it with python -m lantern.train_drafter)")
+    with safe_open(str(path), "pt") as f:
+        n_layer = int((f.metadata() or {}).get("n_layer", 1))
+    drafter = EagleDrafter(gpt.config, n_layer=n_layer)
+    drafter.load_state_dict(load_file(str(path)), strict=True)
+    return drafter.to(gpt.tok_embeddings.weight.device).bind(gpt).eval()
