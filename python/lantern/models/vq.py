@@ -133,15 +133,21 @@ class Encoder(nn.Module):
     def forward(self, x):
         h = self.conv_in(x)
         for block in self.conv_blocks:
-            for j, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn) > 0:
-                    h = block.attn[j](h)
+            h = _res_attn(block, h)
             if hasattr(block, "downsample"):
                 h = block.downsample(h)
         for mid_block in self.mid:
             h = mid_block(h)
         return self.conv_out(swish(self.norm_out(h)))
+
+
+def _res_attn(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """One resolution level: each res block, followed by its attention block where the level has them."""
+    for j, res in enumerate(block.res):
+        h = res(h)
+        if len(block.attn) > 0:
+            h = block.attn[j](h)
+    return h
 
 
 class Decoder(nn.Module):
@@ -172,10 +178,7 @@ class Decoder(nn.Module):
         for mid_block in self.mid:
             h = mid_block(h)
         for block in self.conv_blocks:
-            for j, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn) > 0:
-                    h = block.attn[j](h)
+            h = _res_attn(block, h)
             if hasattr(block, "upsample"):
                 h = block.upsample(h)
         return self.conv_out(swish(self.norm_out(h)))
