@@ -43,7 +43,9 @@ def extension():
         name="lantern._C",
         sources=_sources("csrc/ops.cpp") + _sources("csrc/cpu/*.cpp"),
         include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "csrc", "include")],
-        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-lineinfo"]},
+        # -ffp-contract=off: no fused multiply-adds, so the CPU kernels round like the reference (g++ contracts
+        # a * b + c by default wherever FMA is available, e.g. in target_clones variants).
+        extra_compile_args={"cxx": ["-O3", "-ffp-contract=off"], "nvcc": ["-O3", "-lineinfo"]},
     )
     if not with_cuda:
         return CppExtension(**kwargs)

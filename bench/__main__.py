@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
 from .common import Report
-from . import bench_neighbours, bench_verify
+from . import bench_neighbours, bench_tree_attention, bench_verify
 
 
 def main() -> None:
@@ -15,10 +16,11 @@ def main() -> None:
     parser.add_argument("--json", default="bench/results/bench.json", help="where to write the results")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load average {os.getloadavg()}")
     report = Report()
     bench_verify.run(report, quick=args.quick)
     bench_neighbours.run(report, quick=args.quick)
+    bench_tree_attention.run(report, quick=args.quick)
     report.write(args.json)
 
 

@@ -20,6 +20,21 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
     return statistics.median(times)
 
 
+def interleaved_medians(fns: Dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1) -> Dict[str, float]:
+    """Median seconds of each function, timed in alternation (a, b, c, a, b, c, ...) so that a change in the
+    machine's load during the run hits every contender alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 class Report:
     """Collects rows {bench, case, impl, median_s, ...} and ratios against a named baseline."""
 
@@ -31,7 +46,8 @@ class Report:
         print(f"{bench:>18} {case:<34} {impl:<22} {1e3 * median_s:10.2f} ms", flush=True)
 
     def ratio(self, bench: str, case: str, slow: str, fast: str) -> float:
-        times = {r["impl"]: r["median_s"] for r in self.rows if r["bench"] == bench and r["case"] == case}
+        times = {r["impl"]: r["median_s"] for r in self.rows
+                 if r["bench"] == bench and r["case"] == case and "impl" in r}
         value = times[slow] / times[fast]
         self.rows.append(dict(bench=bench, case=case, ratio=f"{slow}/{fast}", value=value))
         print(f"{bench:>18} {case:<34} {slow} / {fast} = {value:.2f}x", flush=True)

@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 
 #include <array>
+#include <optional>
+#include <utility>
 
 namespace lantern {
 
@@ -70,6 +72,129 @@ inline std::array<at::Tensor, 4> check_philox(const at::Tensor& seed, const at::
   std::array<at::Tensor, 4> out;
   for (int i = 0; i < 4; ++i) out[i] = b[i].to(at::kLong).contiguous();
   return out;
+}
+
+// ---- verify (SPEC §3-§5) ------------------------------------------------------------------------------
+
+struct VerifyDims {
+  int64_t B, T, V, K;
+};
+
+inline void check_float_block(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble ||
+                       t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
+                   "verify: ", name, " must be float32, float64, bfloat16 or float16, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == like.device(), "verify: ", name, " must be on ", like.device(), ", got ", t.device());
+  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), "verify: ", name, " must have shape ", like.sizes(), " (like logits), got ",
+                    t.sizes());
+}
+
+inline void check_row_setting(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t B,
+                              const at::Tensor& like) {
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "verify: ", name, " must be a ", dtype, " tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == B, "verify: ", name, " must have shape [", B, "], got ", t.sizes());
+  TORCH_CHECK_VALUE(t.device() == like.device(), "verify: ", name, " must be on ", like.device(), ", got ", t.device());
+}
+
+inline void check_counter_tensor(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, "verify: ", name, " must be an int64 tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.numel() == 1, "verify: ", name, " must have one element, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.device() == like.device(), "verify: ", name, " must be on ", like.device(), ", got ", t.device());
+}
+
+// logits [B, T, V] float; tokens, parents int64 [B, T]; neighbours int32 [V, K] (required when k > 0);
+// uncond_logits, draft_probs like logits; cfg_scale, temperature [B] in the compute type (float64 for
+// float64 logits, else float32); top_k int64 [B];
+// top_p float64 [B]; 0 <= k <= K; seed, offset one-element int64. Values (token ids, tree order, neighbour
+// ids) are checked by the kernel as it reads them.
+inline VerifyDims check_verify(const at::Tensor& logits, const at::Tensor& tokens, const at::Tensor& parents,
+                               const std::optional<at::Tensor>& neighbours,
+                               const std::optional<at::Tensor>& uncond_logits, const at::Tensor& cfg_scale,
+                               const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+                               const std::optional<at::Tensor>& draft_probs, int64_t k, const at::Tensor& seed,
+                               const at::Tensor& offset) {
+  TORCH_CHECK_VALUE(logits.dim() == 3 && logits.size(1) >= 1 && logits.size(2) >= 1,
+                    "verify: logits must have shape [B, T, V] with T, V >= 1, got ", logits.sizes());
+  check_float_block(logits, "logits", logits);
+  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  TORCH_CHECK_VALUE(V <= (int64_t{1} << 31) - 1 && T <= (int64_t{1} << 31) - 1, "verify: V and T must fit in int32");
+  for (const auto& [t, name] : {std::pair{&tokens, "tokens"}, std::pair{&parents, "parents"}}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, "verify: ", name, " must be int64, got ", t->scalar_type());
+    TORCH_CHECK_VALUE(t->dim() == 2 && t->size(0) == B && t->size(1) == T, "verify: ", name, " must have shape [",
+                      B, ", ", T, "], got ", t->sizes());
+    TORCH_CHECK_VALUE(t->device() == logits.device(), "verify: ", name, " must be on ", logits.device());
+  }
+  if (uncond_logits) check_float_block(*uncond_logits, "uncond_logits", logits);
+  if (draft_probs) check_float_block(*draft_probs, "draft_probs", logits);
+  const auto real = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // the compute type
+  check_row_setting(cfg_scale, "cfg_scale", real, B, logits);
+  check_row_setting(temperature, "temperature", real, B, logits);
+  check_row_setting(top_k, "top_k", at::kLong, B, logits);
+  check_row_setting(top_p, "top_p", at::kDouble, B, logits);
+  check_counter_tensor(seed, "seed", logits);
+  check_counter_tensor(offset, "offset", logits);
+  int64_t K = 0;
+  if (neighbours) {
+    TORCH_CHECK_TYPE(neighbours->scalar_type() == at::kInt, "verify: neighbours must be int32, got ",
+                     neighbours->scalar_type());
+    TORCH_CHECK_VALUE(neighbours->dim() == 2 && neighbours->size(0) == V, "verify: neighbours must have shape [",
+                      V, ", K], got ", neighbours->sizes());
+    TORCH_CHECK_VALUE(neighbours->device() == logits.device(), "verify: neighbours must be on ", logits.device());
+    K = neighbours->size(1);
+  }
+  TORCH_CHECK_VALUE(k >= 0, "verify: k must be >= 0, got ", k);
+  TORCH_CHECK_VALUE(k == 0 || neighbours.has_value(), "verify: neighbours must be given when k > 0 (k=", k, ")");
+  TORCH_CHECK_VALUE(k <= K || k == 0, "verify: k=", k, " exceeds the neighbour table width K=", K);
+  return {B, T, V, K};
+}
+
+// ---- tree_attention (SPEC §6) -----------------------------------------------------------------------
+
+struct TreeAttentionDims {
+  int64_t B, H, Hkv, T, Dh, Lmax;
+};
+
+// q [B, H, T, Dh] float; k_cache, v_cache [B, Hkv, Lmax, Dh] of q's dtype and device, H % Hkv == 0;
+// cache_len int64 [B]; tree_mask int32 [B, T, ceil(T/32)]. (cache_len's values are checked by the kernel.)
+inline TreeAttentionDims check_tree_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                              const at::Tensor& v_cache, const at::Tensor& cache_len,
+                                              const at::Tensor& tree_mask) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.numel() > 0, "tree_attention: q must have non-empty shape [B, H, T, Dh], got ",
+                    q.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(q.scalar_type()), "tree_attention: q must be floating, got ", q.scalar_type());
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3);
+  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == q.scalar_type(), "tree_attention: ", name, " must have q's dtype ",
+                     q.scalar_type(), ", got ", t->scalar_type());
+    TORCH_CHECK_VALUE(t->device() == q.device(), "tree_attention: ", name, " must be on ", q.device());
+    TORCH_CHECK_VALUE(t->dim() == 4 && t->size(0) == B && t->size(3) == Dh && t->size(1) >= 1,
+                      "tree_attention: ", name, " must have shape [", B, ", Hkv, Lmax, ", Dh, "], got ", t->sizes());
+  }
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "tree_attention: v_cache must have k_cache's shape ",
+                    k_cache.sizes(), ", got ", v_cache.sizes());
+  const int64_t Hkv = k_cache.size(1), Lmax = k_cache.size(2);
+  TORCH_CHECK_VALUE(H % Hkv == 0, "tree_attention: H=", H, " must be a multiple of Hkv=", Hkv, " (GQA)");
+  TORCH_CHECK_TYPE(cache_len.scalar_type() == at::kLong, "tree_attention: cache_len must be int64");
+  TORCH_CHECK_VALUE(cache_len.dim() == 1 && cache_len.size(0) == B && cache_len.device() == q.device(),
+                    "tree_attention: cache_len must have shape [", B, "] on ", q.device(), ", got ", cache_len.sizes());
+  TORCH_CHECK_TYPE(tree_mask.scalar_type() == at::kInt, "tree_attention: tree_mask must be int32");
+  TORCH_CHECK_VALUE(tree_mask.dim() == 3 && tree_mask.size(0) == B && tree_mask.size(1) == T &&
+                        tree_mask.size(2) == (T + 31) / 32 && tree_mask.device() == q.device(),
+                    "tree_attention: tree_mask must have shape [", B, ", ", T, ", ", (T + 31) / 32, "] on ", q.device(),
+                    ", got ", tree_mask.sizes());
+  return {B, H, Hkv, T, Dh, Lmax};
+}
+
+// ---- latent_neighbours (SPEC §2) ----------------------------------------------------------------------
+
+inline void check_latent_neighbours(const at::Tensor& codebook, int64_t K) {
+  TORCH_CHECK_VALUE(codebook.dim() == 2 && codebook.size(0) >= 2 && codebook.size(1) >= 1,
+                    "latent_neighbours: codebook must have shape [V >= 2, d >= 1], got ", codebook.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(codebook.scalar_type()), "latent_neighbours: codebook must be floating, got ",
+                   codebook.scalar_type());
+  TORCH_CHECK_VALUE(codebook.size(0) <= (int64_t{1} << 31) - 1, "latent_neighbours: V must fit in int32");
+  TORCH_CHECK_VALUE(K >= 1 && K <= codebook.size(0) - 1, "latent_neighbours: K must be in [1, V - 1 = ",
+                    codebook.size(0) - 1, "], got ", K);
 }
 
 }  // namespace lantern

@@ -14,6 +14,22 @@ TORCH_LIBRARY(lantern, m) {
   // negative int64): a device tensor, so a captured CUDA graph can replay with a new seed. Counters are
   // integer tensors taken modulo 2^32; the offset (c3) may likewise be a device tensor.
   m.def("philox_uniform(Tensor seed, Tensor c0, Tensor c1, Tensor c2, Tensor c3) -> Tensor");
+  // SPEC §3-§5. One call for the whole batch. logits [B, T, V] (float32/bfloat16/float16/float64, computed in
+  // float32); tokens, parents int64 [B, T]; neighbours int32 [V, K] (needed when k > 0); uncond_logits and
+  // draft_probs like logits; per-row settings cfg_scale, temperature float32 [B], top_k int64 [B], top_p
+  // float64 [B]; lam given = lambda mode; node_budget = budget "node"; seed, offset one-element int64 (seed's
+  // 64 bits; offset taken modulo 2^32). Returns (accept_len [B] int64, path [B, T-1] int64 (-1 padded),
+  // next_token [B] int64, node_status [B, T] int8: 1 accepted / passed, 0 rejected, -1 not tested).
+  m.def(
+      "verify(Tensor logits, Tensor tokens, Tensor parents, Tensor? neighbours, Tensor? uncond_logits, "
+      "Tensor cfg_scale, Tensor temperature, Tensor top_k, Tensor top_p, Tensor? draft_probs, int k, float delta, "
+      "float? lam, bool node_budget, Tensor seed, Tensor offset) -> (Tensor, Tensor, Tensor, Tensor)");
+  // SPEC §2. codebook [V, d] float -> int32 [V, K]: the K nearest other codes of each code by (float32 squared
+  // distance, index), nearest first; rows L2-normalised first when normalize.
+  m.def("latent_neighbours(Tensor codebook, int K, bool normalize) -> Tensor");
+  // SPEC §6. q [B, H, T, Dh]; k_cache, v_cache [B, Hkv, Lmax, Dh] (q's dtype, stride-1 last dimension);
+  // cache_len int64 [B]; tree_mask int32 [B, T, ceil(T/32)] -> o [B, H, T, Dh] in q's dtype (float32 math).
+  m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_len, Tensor tree_mask) -> Tensor");
 }
 
 static bool cuda_compiled() {

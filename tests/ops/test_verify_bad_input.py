@@ -8,7 +8,7 @@ import torch
 import lantern
 from lantern import ops
 
-BACKENDS = ["reference"]
+BACKENDS = ["reference", "cpu"]
 
 B, T, V, K = 2, 4, 8, 3
 

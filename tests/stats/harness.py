@@ -19,7 +19,7 @@ from lantern.ops.reference import verify as reference_verify_module
 from . import oracle
 from .target64 import target_distributions
 
-BACKENDS = ["reference"]
+BACKENDS = ["reference", "cpu"]
 FAULTS = ("wrong_residual", "reused_uniform", "off_by_one")
 DRAWS = 100_000  # rows (independent draws) per verify call
 

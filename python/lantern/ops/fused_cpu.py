@@ -4,6 +4,8 @@ Importing this module registers, for each op the extension implements:
 - a fake (meta) implementation, so ``torch.compile`` can trace the op without running it;
 - a ``_backend`` wrapper for "cpu" and "cuda" that adapts the public op's arguments to the op schema.
 If ``lantern._C`` cannot be imported, both backends report why they are unavailable and nothing else runs.
+verify, latent_neighbours and tree_attention have CPU kernels only so far (registered for "cpu"; "cuda" runs
+the reference for them until csrc/cuda implements them).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Optional, Union
 import torch
 
 from .. import _backend
+from .reference.verify import VerifyResult
 
 try:
     from .. import _C
@@ -85,3 +88,63 @@ if _C is not None:
     for _name in ("cpu", "cuda"):
         _backend.register(_name, "compact_kv")(compact_kv)
         _backend.register(_name, "philox_uniform")(philox_uniform)
+
+    # ---- verify (SPEC §3-§5) ---------------------------------------------------------------------------
+
+    @torch.library.register_fake("lantern::verify")
+    def _verify_fake(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
+                     draft_probs, k, delta, lam, node_budget, seed, offset):
+        B, T = tokens.shape
+        i64 = dict(dtype=torch.int64, device=logits.device)
+        return (logits.new_empty((B,), **i64), logits.new_empty((B, max(T - 1, 0)), **i64),
+                logits.new_empty((B,), **i64), logits.new_empty((B, T), dtype=torch.int8))
+
+    def _row_setting(value, B: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A scalar or [B] setting as a contiguous [B] tensor of ``dtype``, converted as the reference does
+        (a Python number straight to ``dtype``: 0.9 becomes float64 0.9, not float64(float32(0.9)))."""
+        t = torch.as_tensor(value, dtype=dtype, device=device)
+        return t.expand(B).contiguous() if t.dim() == 0 else t.contiguous()
+
+    def _offset_tensor(offset: IntLike, device: torch.device) -> torch.Tensor:
+        if isinstance(offset, torch.Tensor):
+            return offset.reshape(()).to(device=device, dtype=torch.int64)
+        return torch.tensor(int(offset) & 0xFFFFFFFF, dtype=torch.int64, device=device)
+
+    def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
+               top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam=None, budget="candidate", seed=0,
+               offset=0):
+        """The fused verify (one op call for the batch); see ``lantern.ops.verify``. Like the reference, it
+        computes in float64 for float64 logits and in float32 for every other dtype (cfg_scale and temperature
+        are converted to that type first)."""
+        B, dev = logits.shape[0], logits.device
+        real = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        out = torch.ops.lantern.verify(
+            logits, tokens, parents, neighbours if k > 0 else None, uncond_logits,
+            _row_setting(cfg_scale, B, real, dev), _row_setting(temperature, B, real, dev),
+            _row_setting(top_k, B, torch.int64, dev), _row_setting(top_p, B, torch.float64, dev), draft_probs,
+            int(k), float(delta), None if lam is None else float(lam), budget == "node",
+            _seed_tensor(seed, dev), _offset_tensor(offset, dev))
+        return VerifyResult(*out)
+
+    _backend.register("cpu", "verify")(verify)
+
+    # ---- latent_neighbours (SPEC §2) and tree_attention (SPEC §6) -------------------------------------
+
+    @torch.library.register_fake("lantern::latent_neighbours")
+    def _latent_neighbours_fake(codebook, K, normalize):
+        return codebook.new_empty((codebook.shape[0], K), dtype=torch.int32)
+
+    @torch.library.register_fake("lantern::tree_attention")
+    def _tree_attention_fake(q, k_cache, v_cache, cache_len, tree_mask):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -> torch.Tensor:
+        """codebook [V, d] -> int32 [V, K] (tiled distances, running per-row top-K; see the reference)."""
+        return torch.ops.lantern.latent_neighbours(codebook, int(K), bool(normalize))
+
+    def tree_attention(q, k_cache, v_cache, cache_len, tree_mask) -> torch.Tensor:
+        """q [B, H, T, Dh], k/v_cache [B, Hkv, Lmax, Dh], cache_len int64 [B], tree_mask int32 [B, T, W]."""
+        return torch.ops.lantern.tree_attention(q, k_cache, v_cache, cache_len, tree_mask)
+
+    _backend.register("cpu", "latent_neighbours")(latent_neighbours)
+    _backend.register("cpu", "tree_attention")(tree_attention)

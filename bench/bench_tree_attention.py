@@ -1,0 +1,57 @@
+"""tree_attention (the verification forward, one layer): the CPU kernel (public op with its checks, and the
+bare torch.ops.lantern.tree_attention) against scaled_dot_product_attention with a dense boolean mask
+(built once, outside the timing) and the reference, at L in {256, 1024}, T = 64, H = 16, Dh = 64, B = 2.
+SDPA and the kernel are timed in alternation (the machine's load changes during a run)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import lantern
+from lantern import ops
+from lantern.ops.reference.tree_attention import attention_mask
+
+from .bench_verify import dynamic_tree_parents
+from .common import Report, interleaved_medians, median_seconds
+
+
+def run(report: Report, quick: bool = False) -> None:
+    B, H, T, Dh = 2, 16, 64, 64
+    for L in ((256,) if quick else (256, 1024)):
+        g = torch.Generator().manual_seed(L)
+        Lmax = L + T
+        q = torch.randn(B, H, T, Dh, generator=g)
+        k = torch.randn(B, H, Lmax, Dh, generator=g)
+        v = torch.randn(B, H, Lmax, Dh, generator=g)
+        cache_len = torch.full((B,), L, dtype=torch.int64)
+        tree_mask = ops.ancestor_mask(dynamic_tree_parents(T).expand(B, T).contiguous())
+        dense = attention_mask(cache_len, tree_mask, T, Lmax)[:, None]  # [B, 1, T, Lmax] bool
+        case = f"L={L} T={T} H={H} Dh={Dh} B={B}"
+        sdpa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+        with lantern.fused("reference"):
+            report.add("tree_attention", case, "reference",
+                       median_seconds(lambda: ops.tree_attention(q, k, v, cache_len, tree_mask), repeats=5))
+        if not lantern.fused_ops("cpu").get("tree_attention"):
+            report.add("tree_attention", case, "sdpa dense mask", median_seconds(sdpa, repeats=9))
+            continue
+        with lantern.fused("cpu"):
+            got = ops.tree_attention(q, k, v, cache_len, tree_mask)
+            public = lambda: ops.tree_attention(q, k, v, cache_len, tree_mask)
+            kernel = lambda: torch.ops.lantern.tree_attention(q, k, v, cache_len, tree_mask)
+            times = interleaved_medians({"sdpa dense mask": sdpa, "cpu (public op)": public, "cpu kernel": kernel},
+                                        repeats=15)
+            threads = torch.get_num_threads()  # one thread too: less exposed to a loaded machine's scheduling
+            torch.set_num_threads(1)
+            try:
+                single = interleaved_medians({"sdpa dense mask (1 thread)": sdpa, "cpu kernel (1 thread)": kernel},
+                                             repeats=15)
+            finally:
+                torch.set_num_threads(threads)
+        for name, t in {**times, **single}.items():
+            report.add("tree_attention", case, name, t)
+        err = float((got - sdpa()).abs().max())
+        report.rows.append(dict(bench="tree_attention", case=case, check="max |cpu - sdpa|", value=err))
+        print(f"{'tree_attention':>18} {case:<34} max |cpu - sdpa| = {err:.2e}", flush=True)
+        for slow in ("sdpa dense mask", "reference", "cpu (public op)"):
+            report.ratio("tree_attention", case, slow, "cpu kernel")
+        report.ratio("tree_attention", case, "sdpa dense mask (1 thread)", "cpu kernel (1 thread)")

@@ -1,0 +1,332 @@
+// Tree attention (SPEC §6) on the CPU: online softmax over key tiles of the cached prefix (dense, no mask),
+// then the tree block, where the packed ancestor bits decide. float32 math; GQA; per-row cache_len.
+// Torch-free, C++17, host only: csrc/cpu/tree_attention.cpp and the sanitizer test call it on raw pointers.
+//
+// One work item = one batch row b, one kv head g and a block of M <= 64 query rows of that kv head's group
+// (row r = (head g * G + r / T, query r % T), G = H / Hkv), so each K/V tile is read once for all of them.
+// Scores are kept transposed, St [key j, row r], so K and V rows are read where they lie (float32 caches
+// are never copied) and the softmax reductions run down the columns, vectorised across rows:
+//   St = K Qt (Qt = (Q / sqrt(Dh)) transposed, built once per item),  m' = max(m, max_j St[j]),
+//   P = e^(St - m'),  l = l e^(m - m') + sum_j P[j],  O = O e^(m - m') + P^T V;   finally o = O / l.
+// Cache positions >= cache_len[b] + T are never read.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "lantern/cpu/clones.h"
+#include "lantern/cpu/dtype.h"
+
+namespace lantern::cpu {
+
+constexpr int64_t kAttnTile = 64;  // keys per tile
+constexpr int64_t kAttnRows = 64;  // query rows per work item (at most)
+
+struct AttnProblem {
+  const void* q;  // [B, H, T, Dh], strides q_s* (elements), last dimension contiguous
+  const void* k;  // [B, Hkv, Lmax, Dh], strides k_s*
+  const void* v;  // like k, strides v_s*
+  void* o;        // [B, H, T, Dh] contiguous, q's dtype
+  DType dtype;    // of q, k, v and o
+  int64_t q_sb, q_sh, q_st;
+  int64_t k_sb, k_sh, k_sl;
+  int64_t v_sb, v_sh, v_sl;
+  const int64_t* cache_len;  // [B]; 0 <= cache_len[b] and cache_len[b] + T <= Lmax
+  const int32_t* tree_mask;  // [B, T, W] packed bits, W = ceil(T / 32)
+  int64_t B, H, Hkv, T, Dh, Lmax, W;
+};
+
+struct AttnScratch {
+  std::vector<float> qt;   // [Dh, Mp] scaled queries, transposed (Mp = M rounded up to 16)
+  std::vector<float> st;   // [kAttnTile, Mp] scores, then probabilities
+  std::vector<float> acc;  // [kAttnRows, Dh] output accumulators
+  std::vector<float> m, l, alpha;  // [Mp] running max, running sum, rescale factor
+  std::vector<float> kt, vt;       // [kAttnTile, Dh] K / V rows converted to float32 (non-float32 caches)
+  void resize(int64_t Dh) {
+    qt.resize(Dh * kAttnRows);
+    st.resize(kAttnTile * kAttnRows);
+    acc.resize(kAttnRows * Dh);
+    m.resize(kAttnRows);
+    l.resize(kAttnRows);
+    alpha.resize(kAttnRows);
+    kt.resize(kAttnTile * Dh);
+    vt.resize(kAttnTile * Dh);
+  }
+};
+
+// e^x for x in [-87.3, 0] in float32 (Cephes' polynomial, ~2 ulp). Branch-free and select-free (floor
+// by truncation: floor itself does not vectorise under the default -ftrapping-math), so loops vectorise.
+inline float attn_exp(float x) {
+  const float t = x * 1.44269504088896341f + 0.5f;
+  const float trunc = static_cast<float>(static_cast<int32_t>(t));
+  const float n = trunc - static_cast<float>(trunc > t);  // floor(t), in [-126, 0]
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.f;
+  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, 4);
+  return y * scale;
+}
+
+// Attention tolerates FMA: the micro-kernels below are compiled with contraction on, for x86-64-v4
+// (AVX-512) / x86-64-v3 (AVX2 + FMA) / baseline, picked at load time.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(LANTERN_NO_TARGET_CLONES) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define LANTERN_ATTN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LANTERN_ATTN_CLONES
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vectors in always-inline helpers never cross an ABI
+#endif
+
+// 16 floats as one GCC/clang vector (lowered to the target's widest registers). The helpers are forced
+// inline so that they are compiled for the calling clone's target.
+#define LANTERN_ATTN_INLINE inline __attribute__((always_inline))
+typedef float AttnVec __attribute__((vector_size(64)));
+LANTERN_ATTN_INLINE AttnVec attn_load(const float* p) {
+  AttnVec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+LANTERN_ATTN_INLINE void attn_store(float* p, const AttnVec& v) { std::memcpy(p, &v, sizeof(v)); }
+
+// st[j, :] = sum_d k_j[d] * qt[d, :] for keys j0 <= j < j0 + R (k_j = k + j * ks); NV = Mp / 16 vectors per
+// row of st. The R x NV accumulators stay in registers; each qt vector is loaded once for R keys.
+template <int R, int NV>
+LANTERN_ATTN_INLINE void attn_scores_block(const float* k, int64_t ks, int64_t j0, int64_t Dh, const float* qt,
+                                           float* st) {
+  constexpr int64_t Mp = 16 * NV;
+  AttnVec acc[R][NV] = {};
+  for (int64_t d = 0; d < Dh; ++d) {
+    AttnVec qv[NV];
+    for (int v = 0; v < NV; ++v) qv[v] = attn_load(qt + d * Mp + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const float x = k[(j0 + r) * ks + d];
+      for (int v = 0; v < NV; ++v) acc[r][v] += x * qv[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) attn_store(st + (j0 + r) * Mp + 16 * v, acc[r][v]);
+}
+
+template <int NV>
+LANTERN_ATTN_CLONES inline void attn_scores_nv(const float* k, int64_t ks, int64_t n, int64_t Dh, const float* qt,
+                                               float* st) {
+  constexpr int R = NV <= 2 ? 8 : 4;  // at most 16 accumulator vectors
+  int64_t j = 0;
+  for (; j + R <= n; j += R) attn_scores_block<R, NV>(k, ks, j, Dh, qt, st);
+  for (; j < n; ++j) attn_scores_block<1, NV>(k, ks, j, Dh, qt, st);
+}
+
+// st[j, r] for j < n, r < Mp (Mp in {16, 32, 48, 64}).
+inline void attn_scores(const float* k, int64_t ks, int64_t n, int64_t Dh, const float* qt, int64_t Mp, float* st) {
+  switch (Mp / 16) {
+    case 1:
+      return attn_scores_nv<1>(k, ks, n, Dh, qt, st);
+    case 2:
+      return attn_scores_nv<2>(k, ks, n, Dh, qt, st);
+    case 3:
+      return attn_scores_nv<3>(k, ks, n, Dh, qt, st);
+    default:
+      return attn_scores_nv<4>(k, ks, n, Dh, qt, st);
+  }
+}
+
+// acc[r, :] = acc[r, :] * alpha[r] + sum_{j<n} p[j, r] * v_j for rows r0 <= r < r0 + R (v_j = v + j * vs),
+// Dh = 16 * NV known at compile time (the R x NV accumulators stay in registers).
+template <int R, int NV>
+LANTERN_ATTN_INLINE void attn_values_block(const float* p, int64_t Mp, int64_t n, const float* v, int64_t vs,
+                                           const float* alpha, int64_t r0, float* acc) {
+  constexpr int64_t D = 16 * NV;
+  AttnVec a[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < NV; ++w) a[r][w] = attn_load(acc + (r0 + r) * D + 16 * w) * alpha[r0 + r];
+  for (int64_t j = 0; j < n; ++j) {
+    AttnVec x[NV];
+    for (int w = 0; w < NV; ++w) x[w] = attn_load(v + j * vs + 16 * w);
+    for (int r = 0; r < R; ++r) {
+      const float pj = p[j * Mp + r0 + r];
+      for (int w = 0; w < NV; ++w) a[r][w] += pj * x[w];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < NV; ++w) attn_store(acc + (r0 + r) * D + 16 * w, a[r][w]);
+}
+
+template <int NV>
+LANTERN_ATTN_CLONES inline void attn_values_nv(const float* p, int64_t Mp, int64_t rows, int64_t n, const float* v,
+                                               int64_t vs, const float* alpha, float* acc) {
+  constexpr int R = NV <= 4 ? 4 : 2;  // at most 16 accumulator vectors
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) attn_values_block<R, NV>(p, Mp, n, v, vs, alpha, r, acc);
+  for (; r < rows; ++r) attn_values_block<1, NV>(p, Mp, n, v, vs, alpha, r, acc);
+}
+
+// Any Dh.
+LANTERN_ATTN_CLONES inline void attn_values_any(const float* p, int64_t Mp, int64_t rows, int64_t n, const float* v,
+                                                int64_t vs, int64_t Dh, const float* alpha, float* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* ar = acc + r * Dh;
+    for (int64_t d = 0; d < Dh; ++d) ar[d] *= alpha[r];
+    for (int64_t j = 0; j < n; ++j) {
+      const float pj = p[j * Mp + r];
+      const float* vj = v + j * vs;
+      for (int64_t d = 0; d < Dh; ++d) ar[d] += pj * vj[d];
+    }
+  }
+}
+
+inline void attn_values(const float* p, int64_t Mp, int64_t rows, int64_t n, const float* v, int64_t vs, int64_t Dh,
+                        const float* alpha, float* acc) {
+  switch (Dh) {
+    case 16:
+      return attn_values_nv<1>(p, Mp, rows, n, v, vs, alpha, acc);
+    case 32:
+      return attn_values_nv<2>(p, Mp, rows, n, v, vs, alpha, acc);
+    case 64:
+      return attn_values_nv<4>(p, Mp, rows, n, v, vs, alpha, acc);
+    case 128:
+      return attn_values_nv<8>(p, Mp, rows, n, v, vs, alpha, acc);
+    default:
+      return attn_values_any(p, Mp, rows, n, v, vs, Dh, alpha, acc);
+  }
+}
+
+// Online-softmax update with the tile's scores st [n, Mp] (masked entries -inf), vectorised across rows:
+// st <- P = e^(st - m'), m <- m', l <- l alpha + sum_j P, alpha = e^(m - m') (rows that attended nothing
+// yet keep m = -inf, P = 0, alpha = 1). Scores below m' - 87.3 (and -inf) give P = 0.
+LANTERN_ATTN_CLONES inline void attn_softmax(float* st, int64_t n, int64_t Mp, float* m, float* l, float* alpha) {
+  float mx[kAttnRows], shift[kAttnRows], sum[kAttnRows];
+  for (int64_t r = 0; r < Mp; ++r) mx[r] = m[r];
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t r = 0; r < Mp; ++r) mx[r] = st[j * Mp + r] > mx[r] ? st[j * Mp + r] : mx[r];
+  for (int64_t r = 0; r < Mp; ++r) {
+    const bool none = mx[r] == -INFINITY;  // nothing attended yet: every P is 0, the state stays
+    shift[r] = none ? 0.f : mx[r];
+    const float d = m[r] - shift[r];  // <= 0; -inf when m = -inf (then alpha = 0: acc and l are 0 anyway)
+    const float dc = d >= -87.3f ? d : -87.3f;
+    alpha[r] = none ? 1.f : attn_exp(dc) * static_cast<float>(d >= -87.3f);
+    sum[r] = 0.f;
+  }
+  float keep[kAttnTile * kAttnRows];  // separate loops: a select with a constant arm in the exp loop
+  for (int64_t j = 0; j < n; ++j) {  // would be jump-threaded into branches and not vectorise
+    float* sj = st + j * Mp;
+    float* kj = keep + j * Mp;
+    for (int64_t r = 0; r < Mp; ++r) {
+      const float x = sj[r] - shift[r];
+      kj[r] = static_cast<float>(x >= -87.3f);
+      sj[r] = x >= -87.3f ? x : -87.3f;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    float* sj = st + j * Mp;
+    const float* kj = keep + j * Mp;
+    for (int64_t r = 0; r < Mp; ++r) {
+      const float e = attn_exp(sj[r]) * kj[r];
+      sj[r] = e;
+      sum[r] += e;
+    }
+  }
+  for (int64_t r = 0; r < Mp; ++r) {
+    l[r] = l[r] * alpha[r] + sum[r];
+    m[r] = mx[r];
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+// Query rows [r0, r1) (r1 - r0 <= kAttnRows) of batch row b and kv head g.
+inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, int64_t r1, AttnScratch& ws) {
+  const int64_t Dh = p.Dh, T = p.T, G = p.H / p.Hkv, M = r1 - r0, Mp = (M + 15) / 16 * 16;
+  const float scale = 1.f / std::sqrt(static_cast<float>(Dh));
+  float* qt = ws.qt.data();
+  float* row = ws.acc.data();  // (scratch for one query row before acc is cleared)
+  std::fill(qt, qt + Dh * Mp, 0.f);
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t h = g * G + (r0 + r) / T, t = (r0 + r) % T;
+    load_row<float>(p.q, p.dtype, b * p.q_sb + h * p.q_sh + t * p.q_st, Dh, row);
+    for (int64_t d = 0; d < Dh; ++d) qt[d * Mp + r] = row[d] * scale;
+  }
+  std::fill(ws.acc.begin(), ws.acc.begin() + Mp * Dh, 0.f);
+  std::fill(ws.m.begin(), ws.m.begin() + Mp, -INFINITY);
+  std::fill(ws.l.begin(), ws.l.begin() + Mp, 0.f);
+  const int64_t L = p.cache_len[b];
+  const bool f32 = p.dtype == DType::kFloat32;
+  const float* kbase = f32 ? static_cast<const float*>(p.k) + b * p.k_sb + g * p.k_sh : nullptr;
+  const float* vbase = f32 ? static_cast<const float*>(p.v) + b * p.v_sb + g * p.v_sh : nullptr;
+  // prefix tiles, then tree tiles (tree node j sits at position L + j)
+  const int64_t prefix_tiles = (L + kAttnTile - 1) / kAttnTile, tree_tiles = (T + kAttnTile - 1) / kAttnTile;
+  for (int64_t tile = 0; tile < prefix_tiles + tree_tiles; ++tile) {
+    const bool tree = tile >= prefix_tiles;
+    const int64_t first = tree ? (tile - prefix_tiles) * kAttnTile : tile * kAttnTile;  // prefix pos / tree node
+    const int64_t n = tree ? std::min(kAttnTile, T - first) : std::min(kAttnTile, L - first);
+    const int64_t pos0 = tree ? L + first : first;
+    const float *k = nullptr, *v = nullptr;
+    int64_t ks = Dh, vs = Dh;
+    if (f32) {  // read the cache in place
+      k = kbase + pos0 * p.k_sl;
+      v = vbase + pos0 * p.v_sl;
+      ks = p.k_sl;
+      vs = p.v_sl;
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        load_row<float>(p.k, p.dtype, b * p.k_sb + g * p.k_sh + (pos0 + j) * p.k_sl, Dh, ws.kt.data() + j * Dh);
+        load_row<float>(p.v, p.dtype, b * p.v_sb + g * p.v_sh + (pos0 + j) * p.v_sl, Dh, ws.vt.data() + j * Dh);
+      }
+      k = ws.kt.data();
+      v = ws.vt.data();
+    }
+    float* st = ws.st.data();
+    attn_scores(k, ks, n, Dh, qt, Mp, st);
+    if (tree) {
+      for (int64_t r = 0; r < M; ++r) {
+        const int32_t* bits = p.tree_mask + (b * T + (r0 + r) % T) * p.W;  // query node t's ancestor words
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t node = first + j;
+          if (!((static_cast<uint32_t>(bits[node >> 5]) >> (node & 31)) & 1u)) st[j * Mp + r] = -INFINITY;
+        }
+      }
+    }
+    attn_softmax(st, n, Mp, ws.m.data(), ws.l.data(), ws.alpha.data());
+    attn_values(st, Mp, M, n, v, vs, Dh, ws.alpha.data(), ws.acc.data());
+  }
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t h = g * G + (r0 + r) / T, t = (r0 + r) % T;
+    float* ar = ws.acc.data() + r * Dh;
+    const float inv = 1.f / ws.l[r];
+    for (int64_t d = 0; d < Dh; ++d) ar[d] *= inv;
+    store_from_f32(ar, Dh, p.o, p.dtype, ((b * p.H + h) * T + t) * Dh);
+  }
+}
+
+// Work items: (b, g, row block); item w covers rows [blk * kAttnRows, ...) of (b, g).
+inline int64_t attn_blocks_per_head(const AttnProblem& p) {
+  const int64_t rows = (p.H / p.Hkv) * p.T;
+  return (rows + kAttnRows - 1) / kAttnRows;
+}
+
+inline void attend_item(const AttnProblem& p, int64_t item, AttnScratch& ws) {
+  const int64_t blocks = attn_blocks_per_head(p), rows = (p.H / p.Hkv) * p.T;
+  const int64_t blk = item % blocks, g = (item / blocks) % p.Hkv, b = item / (blocks * p.Hkv);
+  const int64_t r0 = blk * kAttnRows, r1 = std::min(rows, r0 + kAttnRows);
+  attend_rows(p, b, g, r0, r1, ws);
+}
+
+}  // namespace lantern::cpu
