@@ -54,8 +54,8 @@ def compute_reference_stats(classifier: ShapeClassifier, n: int = REFERENCE_SIZE
 def save_reference_stats(path: Path, mu, cov) -> None:
     from safetensors.torch import save_file
 
-    save_file({"mu": torch.from_numpy(mu), "cov": torch.from_numpy(cov)}, str(path),
-              metadata={"seed": str(REFERENCE_SEED), "n": str(REFERENCE_SIZE)})
+    # no metadata: safetensors writes a metadata map in arbitrary order, which would make the bytes vary
+    save_file({"mu": torch.from_numpy(mu), "cov": torch.from_numpy(cov)}, str(path))
 
 
 def get_reference_stats(directory: Optional[Path] = None, classifier: Optional[ShapeClassifier] = None):
