@@ -140,3 +140,4 @@ def _load_backends() -> None:
         return
     _loaded = True
     from .ops import fused_cpu  # noqa: F401  (registers "cpu" and "cuda" ops from lantern._C)
+    from .ops import fused_triton  # noqa: F401  (registers "triton" ops from lantern_kernels)
