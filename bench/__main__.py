@@ -7,7 +7,7 @@ import os
 import torch
 
 from .common import Report
-from . import bench_neighbours, bench_tree_attention, bench_verify
+from . import bench_checks, bench_decode, bench_neighbours, bench_tree_attention, bench_verify
 
 
 def main() -> None:
@@ -21,6 +21,8 @@ def main() -> None:
     bench_verify.run(report, quick=args.quick)
     bench_neighbours.run(report, quick=args.quick)
     bench_tree_attention.run(report, quick=args.quick)
+    bench_checks.run(report, quick=args.quick)
+    bench_decode.run(report, quick=args.quick)
     report.write(args.json)
 
 

@@ -15,16 +15,22 @@ from .bench_verify import dynamic_tree_parents
 from .common import Report, interleaved_medians, median_seconds
 
 
+def inputs(L: int, B: int = 2, H: int = 16, T: int = 64, Dh: int = 64):
+    """q [B, H, T, Dh], k, v [B, H, L + T, Dh], cache_len [B] (= L), tree_mask [B, T, 2] (a dynamic tree)."""
+    g = torch.Generator().manual_seed(L)
+    q = torch.randn(B, H, T, Dh, generator=g)
+    k = torch.randn(B, H, L + T, Dh, generator=g)
+    v = torch.randn(B, H, L + T, Dh, generator=g)
+    cache_len = torch.full((B,), L, dtype=torch.int64)
+    tree_mask = ops.ancestor_mask(dynamic_tree_parents(T).expand(B, T).contiguous())
+    return q, k, v, cache_len, tree_mask
+
+
 def run(report: Report, quick: bool = False) -> None:
     B, H, T, Dh = 2, 16, 64, 64
     for L in ((256,) if quick else (256, 1024)):
-        g = torch.Generator().manual_seed(L)
         Lmax = L + T
-        q = torch.randn(B, H, T, Dh, generator=g)
-        k = torch.randn(B, H, Lmax, Dh, generator=g)
-        v = torch.randn(B, H, Lmax, Dh, generator=g)
-        cache_len = torch.full((B,), L, dtype=torch.int64)
-        tree_mask = ops.ancestor_mask(dynamic_tree_parents(T).expand(B, T).contiguous())
+        q, k, v, cache_len, tree_mask = inputs(L, B, H, T, Dh)
         dense = attention_mask(cache_len, tree_mask, T, Lmax)[:, None]  # [B, 1, T, Lmax] bool
         case = f"L={L} T={T} H={H} Dh={Dh} B={B}"
         sdpa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)

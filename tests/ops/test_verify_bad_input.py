@@ -105,6 +105,46 @@ def test_verify_rejects_device_mismatch(backend):
         call_verify(backend, tokens=make_args()[0]["tokens"].cuda())
 
 
+def verify_with_table(backend, table, k):
+    args, kwargs = make_args(k=k)
+    with lantern.fused(backend):
+        return ops.verify(args["logits"], args["tokens"], args["parents"], table, **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("edit", ["element", "view", "wider k"])
+def test_verify_rechecks_a_neighbour_table_edited_after_validation(backend, edit):
+    """check_verify remembers tables it has validated; an in-place edit (of the table or of a view of it), or
+    a larger k than was validated, must be checked again."""
+    table = make_args()[0]["neighbours"].clone()  # [V, K], valid
+    verify_with_table(backend, table, k=1)
+    verify_with_table(backend, table, k=1)  # served by the cache
+    if edit == "element":
+        table[V - 1, 0] = V
+    elif edit == "view":
+        table[:, :1].fill_(-1)
+    else:
+        table.data[:, 1] = V  # .data bypasses the version counter; the wider k must still be checked
+    with pytest.raises(ValueError, match="neighbours has value"):
+        verify_with_table(backend, table, k=2 if edit == "wider k" else 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_verify_finds_one_bad_logit_among_masked_ones(backend, dtype, bad):
+    """One NaN or +inf among -inf (masked) and finite logits, in every float dtype, in either input."""
+    args, kwargs = make_args()
+    for name in ("logits", "uncond_logits"):
+        logits = args["logits"].to(dtype, copy=True)
+        logits[0, 1, :3] = -math.inf
+        uncond = logits.clone()
+        (logits if name == "logits" else uncond)[1, T - 1, V - 1] = bad
+        with lantern.fused(backend), pytest.raises(ValueError, match=f"^{name} contains NaN or \\+inf"):
+            ops.verify(logits, args["tokens"], args["parents"], args["neighbours"], uncond_logits=uncond,
+                       cfg_scale=2.0, **kwargs)
+
+
 BAD_PROCESS = [
     (dict(logits=torch.tensor([1.0, math.nan])), ValueError, "logits"),
     (dict(logits=torch.tensor([1.0, math.inf])), ValueError, "logits"),

@@ -2,12 +2,55 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
 from . import checks as c
 
 BUDGETS = ("candidate", "node")
+
+
+class ValidatedTables:
+    """Neighbour tables whose first k columns were already checked to hold ids in [0, V) (V = the table's
+    row count), so that decoding, which passes the same table to every verify call, scans its V·k ids once
+    instead of on every call. An entry is keyed on the tensor object itself (held by a weak reference) and
+    remembers its data_ptr, shape, strides and version counter: an in-place edit of the tensor or of any
+    view of its storage bumps the shared version counter (torch's autograd bookkeeping), so the table is
+    checked again. Writes that bypass the version counter (through .data, numpy or DLPack aliases) are not
+    seen, and inference-mode tensors (no version counter) are checked on every call."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self.entries: "dict[int, tuple]" = {}  # id(tensor) -> (weakref, fingerprint, k checked)
+
+    @staticmethod
+    def fingerprint(t: torch.Tensor):
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+        return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, version)
+
+    def known_valid(self, t: torch.Tensor, k: int) -> bool:
+        entry = self.entries.get(id(t))
+        if entry is None:
+            return False
+        ref, fingerprint, k_checked = entry
+        return ref() is t and k <= k_checked and fingerprint is not None and fingerprint == self.fingerprint(t)
+
+    def remember(self, t: torch.Tensor, k: int) -> None:
+        fingerprint = self.fingerprint(t)
+        if fingerprint is None:
+            return
+        key = id(t)
+        self.entries.pop(key, None)
+        while len(self.entries) >= self.capacity:
+            self.entries.pop(next(iter(self.entries)))  # the oldest
+        self.entries[key] = (weakref.ref(t, lambda _, key=key: self.entries.pop(key, None)), fingerprint, k)
+
+
+_NEIGHBOUR_TABLES = ValidatedTables()
 
 
 def _check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, V, device) -> None:
@@ -76,7 +119,9 @@ def check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, 
             raise ValueError(f"neighbours must have V={V} rows (one per token), got {list(neighbours.shape)}")
         if k > neighbours.shape[1]:
             raise ValueError(f"k={k} exceeds the neighbour table width K={neighbours.shape[1]}")
-        c.in_range("neighbours", neighbours[:, :k], 0, V)
+        if k > 0 and not _NEIGHBOUR_TABLES.known_valid(neighbours, k):
+            c.in_range("neighbours", neighbours[:, :k], 0, V)
+            _NEIGHBOUR_TABLES.remember(neighbours, k)
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta < 0:
         raise ValueError(f"delta must be a finite number >= 0, got {delta!r}")
     if lam is not None:
