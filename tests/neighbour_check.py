@@ -11,9 +11,12 @@ by float64 distances with a rounding tolerance, not by exact equality:
    < t - tol is listed.
 
 Memory is O(ROW_BLOCK * V), so it can check a full 16384-code table.
+
+``exact_table`` is the other oracle: the exact table of the reference's float32 arithmetic (for small V).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 ROW_BLOCK = 256
@@ -35,6 +38,26 @@ def distance_tolerance(dist: torch.Tensor, d: int, scale: float) -> torch.Tensor
     Without normalisation the slack is relative, so the ||x||^2 + ||y||^2 - 2 x.y expansion, which
     cancels for close codes far from the origin, is caught."""
     return 4 * (d + 2) * EPS32 * dist + 16 * EPS32 * scale * dist.sqrt() + 1e-30
+
+
+def exact_table(codebook: torch.Tensor, K: int, normalize: bool) -> np.ndarray:
+    """[V, K] int64: each row's other codes by (float32 squared distance summed over j in order, index), the
+    order the reference and the cpu kernel produce exactly; the full V x V matrix, vectorised (V <= ~4096).
+    Squared distances are >= +0, so their float32 bit patterns sort like their values: the (distance, index)
+    order is the order of the uint64 keys (bits << 32) | index."""
+    rows = codebook.detach().to(torch.float32)
+    if normalize:
+        rows = torch.nn.functional.normalize(rows, p=2.0, dim=1, eps=1e-12)
+    c = rows.cpu().numpy()
+    V, d = c.shape
+    dist = np.zeros((V, V), dtype=np.float32)
+    for j in range(d):
+        diff = c[:, None, j] - c[None, :, j]
+        dist += diff * diff
+    keys = (dist.view(np.uint32).astype(np.uint64) << np.uint64(32)) | np.arange(V, dtype=np.uint64)[None, :]
+    keys[np.arange(V), np.arange(V)] = np.iinfo(np.uint64).max  # not its own neighbour
+    keys.sort(axis=1)
+    return (keys[:, :K] & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 def assert_neighbours_valid(codebook: torch.Tensor, K: int, normalize: bool, got: torch.Tensor) -> None:

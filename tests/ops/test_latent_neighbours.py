@@ -1,4 +1,4 @@
-"""latent_neighbours (SPEC §2) against a brute-force full distance matrix with a lexicographic sort."""
+"""latent_neighbours (SPEC §2) against the exact table of a full float32 distance matrix (tests/neighbour_check.py)."""
 import numpy as np
 import pytest
 import torch
@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import lantern
 from lantern.ops.reference import latent_neighbours as reference_module
-from neighbour_check import assert_neighbours_valid
+from neighbour_check import assert_neighbours_valid, exact_table
 
 BACKENDS = ["reference", "cpu"]  # fused backends join this list once they implement latent_neighbours
 
@@ -16,26 +16,6 @@ BACKENDS = ["reference", "cpu"]  # fused backends join this list once they imple
 def backend(request):
     with lantern.fused(request.param):
         yield request.param
-
-
-def brute_force(codebook: torch.Tensor, K: int, normalize: bool) -> np.ndarray:
-    """[V, K] int64: the full float32 distance matrix (sum of squared differences, j in order), each row
-    sorted by (distance, index) with the code itself removed."""
-    rows = codebook.to(torch.float32)
-    if normalize:
-        rows = F.normalize(rows, p=2.0, dim=1, eps=1e-12)
-    c = rows.numpy()
-    V, d = c.shape
-    dist = np.zeros((V, V), dtype=np.float32)
-    for j in range(d):
-        diff = c[:, None, j] - c[None, :, j]
-        dist += diff * diff
-    ids = np.arange(V)
-    table = np.empty((V, K), dtype=np.int64)
-    for x in range(V):
-        order = np.lexsort((ids, dist[x]))  # by distance, then by index
-        table[x] = order[order != x][:K]
-    return table
 
 
 def random_codebook(V, d, seed, dtype=torch.float32):
@@ -50,13 +30,13 @@ def integer_codebook(V, d, seed, spread=2):
 
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("V,d,K", [(2, 1, 1), (50, 8, 49), (300, 8, 20), (257, 3, 64)])
-def test_random_codebook_matches_brute_force(backend, V, d, K, normalize):
+def test_random_codebook_matches_exact_table(backend, V, d, K, normalize):
     codebook = random_codebook(V, d, seed=V + d + K)
     got = lantern.ops.latent_neighbours(codebook, K, normalize=normalize)
     assert got.dtype == torch.int32 and tuple(got.shape) == (V, K)
     assert_neighbours_valid(codebook, K, normalize, got)
-    if backend == "reference":  # same float32 arithmetic as the brute force: exactly equal
-        np.testing.assert_array_equal(got.numpy(), brute_force(codebook, K, normalize))
+    if backend == "reference":  # same float32 arithmetic as exact_table: exactly equal
+        np.testing.assert_array_equal(got.numpy(), exact_table(codebook, K, normalize))
 
 
 @pytest.mark.parametrize("V,d,K", [(200, 2, 30), (120, 8, 119), (64, 1, 10)])
@@ -64,7 +44,7 @@ def test_exact_ties_break_by_lower_index(backend, V, d, K):
     """Integer codes (with duplicates) make every distance exact, so every backend must match exactly."""
     codebook = integer_codebook(V, d, seed=V * d)
     got = lantern.ops.latent_neighbours(codebook, K)
-    np.testing.assert_array_equal(got.numpy(), brute_force(codebook, K, False))
+    np.testing.assert_array_equal(got.numpy(), exact_table(codebook, K, False))
 
 
 def test_duplicate_codes_are_each_others_nearest(backend):
@@ -101,7 +81,7 @@ def test_close_codes_far_from_origin_use_direct_differences(backend):
     got = lantern.ops.latent_neighbours(codebook, 10)
     assert_neighbours_valid(codebook, 10, False, got)
     if backend == "reference":
-        np.testing.assert_array_equal(got.numpy(), brute_force(codebook, 10, False))
+        np.testing.assert_array_equal(got.numpy(), exact_table(codebook, 10, False))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -110,7 +90,7 @@ def test_other_dtypes_use_float32_distances(backend, dtype):
     got = lantern.ops.latent_neighbours(codebook, 16)
     assert_neighbours_valid(codebook, 16, False, got)
     if backend == "reference":
-        np.testing.assert_array_equal(got.numpy(), brute_force(codebook, 16, False))
+        np.testing.assert_array_equal(got.numpy(), exact_table(codebook, 16, False))
 
 
 @pytest.mark.parametrize("row_tile,col_tile", [(1, 200), (5, 3), (7, 13), (64, 5), (300, 300)])
@@ -121,7 +101,7 @@ def test_reference_tiling_does_not_change_the_table(monkeypatch, row_tile, col_t
     monkeypatch.setattr(reference_module, "COL_TILE", col_tile)
     for codebook, K in [(random_codebook(150, 4, seed=6), 40), (integer_codebook(150, 2, seed=7), 33)]:
         got = reference_module.latent_neighbours(codebook, K)
-        np.testing.assert_array_equal(got.numpy(), brute_force(codebook, K, False))
+        np.testing.assert_array_equal(got.numpy(), exact_table(codebook, K, False))
 
 
 def test_larger_table_is_valid(backend):
@@ -138,19 +118,19 @@ def test_property_integer_codebooks_exact(V, d, seed, data):
     for backend in BACKENDS:
         with lantern.fused(backend):
             got = lantern.ops.latent_neighbours(codebook, K)
-        np.testing.assert_array_equal(got.numpy(), brute_force(codebook, K, False))
+        np.testing.assert_array_equal(got.numpy(), exact_table(codebook, K, False))
 
 
 # --- the checker itself has power ----------------------------------------------------------------
 
 def test_checker_rejects_wrong_tables():
     codebook = random_codebook(64, 3, seed=9)
-    good = torch.from_numpy(brute_force(codebook, 10, False)).to(torch.int32)
+    good = torch.from_numpy(exact_table(codebook, 10, False)).to(torch.int32)
     assert_neighbours_valid(codebook, 10, False, good)
     swapped = good.clone()
     swapped[5, [0, 9]] = swapped[5, [9, 0]]  # out of order
     shifted = good.clone()
-    shifted[5, 9] = int(brute_force(codebook, 20, False)[5, 15])  # a farther code
+    shifted[5, 9] = int(exact_table(codebook, 20, False)[5, 15])  # a farther code
     with_self = good.clone()
     with_self[5, 3] = 5
     repeated = good.clone()

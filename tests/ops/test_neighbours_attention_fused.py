@@ -13,29 +13,13 @@ import torch
 import lantern
 from lantern import ops
 from lantern.ops.reference.tree_attention import tree_attention as reference_attention
+from neighbour_check import exact_table
 
 pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
 from lantern.ops import fused_cpu  # noqa: E402,F401
 
 
 # ---- latent_neighbours -------------------------------------------------------------------------------
-
-def exact_table(codebook: torch.Tensor, K: int, normalize: bool) -> np.ndarray:
-    """[V, K] by (float32 distance summed over j in order, index), vectorised in numpy (V <= 4096)."""
-    rows = codebook.detach().to(torch.float32)
-    if normalize:
-        rows = torch.nn.functional.normalize(rows, p=2.0, dim=1, eps=1e-12)
-    c = rows.numpy()
-    V, d = c.shape
-    dist = np.zeros((V, V), dtype=np.float32)
-    for j in range(d):
-        diff = c[:, None, j] - c[None, :, j]
-        dist += diff * diff
-    keys = (dist.view(np.uint32).astype(np.uint64) << np.uint64(32)) | np.arange(V, dtype=np.uint64)[None, :]
-    keys[np.arange(V), np.arange(V)] = np.iinfo(np.uint64).max  # not its own neighbour
-    keys.sort(axis=1)
-    return (keys[:, :K] & np.uint64(0xFFFFFFFF)).astype(np.int64)
-
 
 def cpu_table(codebook, K, normalize):
     with lantern.fused("cpu"):
