@@ -1,6 +1,12 @@
 """latent_neighbours: the CPU kernel (tiled distances, running per-row top-K, O(V·K) memory) against
 cdist + topk (a V×V matrix) and the tiled reference; time, and peak memory measured in subprocesses
-(bench/peak_memory.py). cdist+topk and the kernel are timed in alternation."""
+(bench/peak_memory.py). cdist+topk and the kernel are timed in alternation.
+
+Peak memory is reported two ways: the growth of the process's peak resident set during the call (which
+includes the int32 [V, K] output every method must return: 62.5 MiB at V = 16384, K = 1000), and the
+working memory, that growth minus the output's bytes. The issue's "≥ 100× less peak memory" target is only
+reachable for the working memory: with the output counted, no method can use less than the output itself,
+so the ratio cannot exceed cdist+topk's peak / 62.5 MiB (about 33×)."""
 from __future__ import annotations
 
 import torch
@@ -36,15 +42,20 @@ def run(report: Report, quick: bool = False) -> None:
         peak = measure_in_subprocess(name, V, d, K)
         report.add("neighbours", case, name, times[name], peak_growth_bytes=peak,
                    peak_growth_minus_output_bytes=peak - out_bytes)
-        print(f"{'':>18} {'':<34} {name:<22} peak memory growth {peak / 2**20:8.1f} MiB "
-              f"(output {out_bytes / 2**20:.1f} MiB)", flush=True)
+        print(f"{'':>18} {'':<34} {name:<22} peak memory: {peak / 2**20:8.1f} MiB with the output, "
+              f"{(peak - out_bytes) / 2**20:8.1f} MiB working memory (output {out_bytes / 2**20:.1f} MiB)",
+              flush=True)
     if "cpu" in impls:
         report.ratio("neighbours", case, "cdist+topk", "cpu")
         report.ratio("neighbours", case, "reference", "cpu")
         peaks = {r["impl"]: r["peak_growth_bytes"] for r in report.rows if r.get("case") == case and "impl" in r}
         work = {k: max(v - out_bytes, 1) for k, v in peaks.items()}
-        report.rows.append(dict(bench="neighbours", case=case, ratio="peak memory cdist+topk/cpu",
-                                value=peaks["cdist+topk"] / max(peaks["cpu"], 1),
-                                excluding_output=work["cdist+topk"] / work["cpu"]))
-        print(f"{'neighbours':>18} {case:<34} peak memory cdist+topk / cpu = {peaks['cdist+topk'] / max(peaks['cpu'], 1):.1f}x "
-              f"({work['cdist+topk'] / work['cpu']:.0f}x excluding the {out_bytes / 2**20:.0f} MiB output)", flush=True)
+        with_output = peaks["cdist+topk"] / max(peaks["cpu"], 1)
+        working = work["cdist+topk"] / work["cpu"]
+        report.rows.append(dict(bench="neighbours", case=case, ratio="peak memory cdist+topk/cpu (with output)",
+                                value=with_output, output_bytes=out_bytes))
+        report.rows.append(dict(bench="neighbours", case=case, ratio="working memory cdist+topk/cpu (peak - output)",
+                                value=working, output_bytes=out_bytes))
+        print(f"{'neighbours':>18} {case:<34} peak memory cdist+topk / cpu = {with_output:.1f}x with the output "
+              f"(at most {peaks['cdist+topk'] / out_bytes:.1f}x possible), {working:.0f}x working memory "
+              f"(peak minus the {out_bytes / 2**20:.1f} MiB output)", flush=True)

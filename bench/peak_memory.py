@@ -2,7 +2,9 @@
 minus its resident set before it. On Linux the peak (VmHWM) is reset just before the call through
 /proc/self/clear_refs; elsewhere the growth of resource.getrusage's ru_maxrss is used (which misses a peak
 lower than an earlier one). tracemalloc cannot see torch's allocations; this sees everything the call
-touches, its output included. Run as ``python -m bench.peak_memory <name> <V> <d> <K>``."""
+touches, its output included. Run as ``python -m bench.peak_memory <name> <V> <d> <K>``; it prints JSON with
+peak_growth_bytes (everything, the output included), output_bytes (the returned tensor) and
+working_bytes (peak growth minus the output: the memory the method needs beyond what it must return)."""
 from __future__ import annotations
 
 import json
@@ -46,13 +48,15 @@ def main() -> None:
     impls[name](torch.randn(64, d), 8)  # load kernels and libraries on a tiny case first
     if _reset_peak():
         before = _status_kib("VmRSS")
-        impls[name](codebook, K)
+        out = impls[name](codebook, K)
         growth = _status_kib("VmHWM") - before
     else:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        impls[name](codebook, K)
+        out = impls[name](codebook, K)
         growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB on Linux
-    print(json.dumps({"peak_growth_bytes": growth * 1024}))
+    output_bytes = out.numel() * out.element_size()
+    print(json.dumps({"peak_growth_bytes": growth * 1024, "output_bytes": output_bytes,
+                      "working_bytes": growth * 1024 - output_bytes}))
 
 
 def _reset_peak() -> bool:
