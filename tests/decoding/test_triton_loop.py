@@ -1,0 +1,105 @@
+"""The decoding loop with ``lantern.enable_fused("triton")`` emits the same tokens as the reference for a
+fixed seed, on the shipped tiny model (GPT-tiny: 4 layers, 4 heads, Dh 64, 1024-code VQ, 8 x 8 tokens).
+
+Reduced run, because the interpreter executes every Triton program in Python (a full-size run of the four
+settings took 4 minutes): the target is the tiny GPT cut to its first 2 layers (trained embeddings, norm
+and output head kept), the drafter its first layer (a GPTDrafter, as tests/decoding/test_spec.py builds
+drafters), 2 class labels, small trees, and each run stops after the first LENGTH = 10 of the 64 tokens
+(``length=``). The drafter agrees with the target often enough that trees are partly accepted, so the rows'
+cache lengths become ragged, verify walks real trees and compact_kv moves real paths. Runs only under the
+interpreter (CPU tensors): the loop's bookkeeping lives on the CPU; on a GPU the kernel tests cover the ops.
+
+The ops that run fused are counted, and must be exactly the ops lantern_kernels implements."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+import lantern
+from lantern import _backend
+from lantern.models.drafter import GPTDrafter
+from lantern.ops import fused_triton
+from lantern.ops.reference.latent_neighbours import latent_neighbours as reference_neighbours
+from lantern.pretrained import load_tiny
+
+pytest.importorskip("triton")
+if not fused_triton.interpreting():
+    pytest.skip("the loop test runs the Triton kernels under TRITON_INTERPRET=1 on CPU tensors",
+                allow_module_level=True)
+
+LENGTH = 10  # tokens generated per row (of the tiny model's 64)
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "lantern_kernels"
+
+SETTINGS = {
+    "ar-sampled": dict(method="ar", cfg_scale=2.0, temperature=1.0, top_k=50, seed=5),
+    "spec-greedy-dynamic": dict(method="spec", tree="dynamic", depth=2, top_per_node=3, n_nodes=6, temperature=0.0),
+    "lantern-sampled-static": dict(method="lantern", tree="static", static_widths=(2, 2, 1), k=8, delta=0.2,
+                                   cfg_scale=2.0, temperature=1.0, top_p=0.9, seed=3),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    tiny = load_tiny()
+    table = reference_neighbours(tiny.vq.quantize.embedding.weight, 8, normalize=True)  # [1024, 8]
+    return first_layers(tiny.gpt, 2), GPTDrafter(first_layers(tiny.gpt, 1)), table
+
+
+def first_layers(gpt, n_layer):
+    """A copy of ``gpt`` that keeps its first n_layer transformer blocks (and everything else)."""
+    model = copy.deepcopy(gpt)
+    model.layers = model.layers[:n_layer]
+    model.config = dataclasses.replace(gpt.config, n_layer=n_layer)
+    return model.eval()
+
+
+def run(models, setting):
+    target, drafter, table = models
+    labels = torch.tensor([1, 7])
+    options = dict(SETTINGS[setting])
+    method = options.pop("method")
+    with torch.no_grad():
+        tokens, _ = lantern.generate(target, labels, method=method, drafter=drafter, neighbours=table,
+                                     length=LENGTH, **options)
+    return tokens
+
+
+def counting(fn, counts, name):
+    def wrapper(*args, **kwargs):
+        counts[name] = counts.get(name, 0) + 1
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+@pytest.fixture(scope="module")
+def fused_calls():
+    return {}  # op -> number of calls to its triton kernel, over every setting
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_triton_loop_gives_the_reference_tokens(models, setting, fused_calls, monkeypatch):
+    want = run(models, setting)
+    for op, fn in list(_backend._REGISTRY["triton"].items()):
+        monkeypatch.setitem(_backend._REGISTRY["triton"], op, counting(fn, fused_calls, op))
+    with lantern.fused("triton"):
+        got = run(models, setting)
+    assert got.shape == (2, LENGTH)
+    assert torch.equal(got, want), f"{setting}: triton {got.tolist()} vs reference {want.tolist()}"
+
+
+def test_the_ops_that_ran_fused_are_the_ones_lantern_kernels_implements(fused_calls):
+    """Runs after the loop tests (same module, file order). The loop calls tree_attention, compact_kv and
+    verify every step; each must have run through its Triton kernel iff lantern_kernels/<op>.py exists."""
+    if not fused_calls:
+        pytest.skip("run together with the loop tests above")
+    fused = lantern.fused_ops("triton")
+    for op in fused_triton.TRITON_OPS:
+        implemented = (KERNEL_DIR / f"{op}.py").exists()
+        assert fused[op] == implemented, op
+        if op in ("tree_attention", "compact_kv", "verify"):
+            assert (fused_calls.get(op, 0) > 0) == implemented, (op, fused_calls)
+    assert fused["tree_attention"] and fused["compact_kv"]
