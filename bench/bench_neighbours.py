@@ -14,7 +14,7 @@ import torch
 import lantern
 from lantern import ops
 
-from .common import Report, interleaved_medians, median_seconds
+from .common import Report, cuda_median_seconds, interleaved_medians, median_seconds, triton_rows_skipped
 from .peak_memory import measure_in_subprocess
 
 
@@ -25,6 +25,34 @@ def cdist_topk(codebook: torch.Tensor, K: int) -> torch.Tensor:
 
 
 def run(report: Report, quick: bool = False) -> None:
+    run_cpu(report, quick)
+    run_triton(report, quick)
+
+
+def run_triton(report: Report, quick: bool = False) -> None:
+    """On a CUDA device: the Triton kernel (first call compiles and autotunes, not timed) against
+    cdist + topk and the tiled reference on the same GPU, and whether its table equals the reference's."""
+    if triton_rows_skipped("neighbours"):
+        return
+    V, d, K = (4096, 8, 256) if quick else (16384, 8, 1000)
+    codebook = torch.nn.functional.normalize(torch.randn(V, d), dim=-1).cuda()
+    case = f"V={V} d={d} K={K} cuda"
+    with lantern.fused("triton"):
+        got = ops.latent_neighbours(codebook, K)
+        triton_s = cuda_median_seconds(lambda: ops.latent_neighbours(codebook, K), repeats=5)
+    want = ops.latent_neighbours(codebook, K)
+    report.add("neighbours", case, "reference (cuda)", cuda_median_seconds(lambda: ops.latent_neighbours(codebook, K),
+                                                                          repeats=3, warmup=1))
+    report.add("neighbours", case, "cdist+topk (cuda)", cuda_median_seconds(lambda: cdist_topk(codebook, K), repeats=5))
+    report.add("neighbours", case, "triton", triton_s)
+    equal = bool(torch.equal(got, want))
+    report.rows.append(dict(bench="neighbours", case=case, check="triton table == reference", value=equal))
+    print(f"{'neighbours':>18} {case:<34} triton table == reference: {equal}", flush=True)
+    report.ratio("neighbours", case, "reference (cuda)", "triton")
+    report.ratio("neighbours", case, "cdist+topk (cuda)", "triton")
+
+
+def run_cpu(report: Report, quick: bool = False) -> None:
     V, d, K = (4096, 8, 256) if quick else (16384, 8, 1000)
     codebook = torch.nn.functional.normalize(torch.randn(V, d), dim=-1)
     case = f"V={V} d={d} K={K}"

@@ -12,7 +12,7 @@ from lantern import ops
 from lantern.ops.reference.tree_attention import attention_mask
 
 from .bench_verify import dynamic_tree_parents
-from .common import Report, interleaved_medians, median_seconds
+from .common import Report, cuda_median_seconds, interleaved_medians, median_seconds, triton_rows_skipped
 
 
 def inputs(L: int, B: int = 2, H: int = 16, T: int = 64, Dh: int = 64):
@@ -27,6 +27,43 @@ def inputs(L: int, B: int = 2, H: int = 16, T: int = 64, Dh: int = 64):
 
 
 def run(report: Report, quick: bool = False) -> None:
+    run_cpu(report, quick)
+    run_triton(report, quick)
+
+
+def run_triton(report: Report, quick: bool = False) -> None:
+    """On a CUDA device, bfloat16 and float32: the Triton kernel (through the public op, and bare) against
+    SDPA with the dense mask and the reference on the same GPU; max |triton - sdpa|."""
+    if triton_rows_skipped("tree_attention"):
+        return
+    from lantern_kernels.tree_attention import tree_attention as triton_kernel
+
+    B, H, T, Dh = 2, 16, 64, 64
+    for L in ((256,) if quick else (256, 1024)):
+        for dtype in (torch.bfloat16, torch.float32):
+            q, k, v, cache_len, tree_mask = (t.cuda() for t in inputs(L, B, H, T, Dh))
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+            dense = attention_mask(cache_len, tree_mask, T, L + T)[:, None]  # [B, 1, T, Lmax] bool
+            case = f"L={L} T={T} H={H} Dh={Dh} B={B} cuda {str(dtype).replace('torch.', '')}"
+            sdpa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)  # noqa: E731
+            with lantern.fused("reference"):
+                report.add("tree_attention", case, "reference (cuda)",
+                           cuda_median_seconds(lambda: ops.tree_attention(q, k, v, cache_len, tree_mask)))
+            report.add("tree_attention", case, "sdpa dense mask (cuda)", cuda_median_seconds(sdpa))
+            with lantern.fused("triton"):
+                got = ops.tree_attention(q, k, v, cache_len, tree_mask)
+                report.add("tree_attention", case, "triton (public op)",
+                           cuda_median_seconds(lambda: ops.tree_attention(q, k, v, cache_len, tree_mask)))
+            report.add("tree_attention", case, "triton kernel",
+                       cuda_median_seconds(lambda: triton_kernel(q, k, v, cache_len, tree_mask)))
+            err = float((got.float() - sdpa().float()).abs().max())
+            report.rows.append(dict(bench="tree_attention", case=case, check="max |triton - sdpa|", value=err))
+            print(f"{'tree_attention':>18} {case:<34} max |triton - sdpa| = {err:.2e}", flush=True)
+            for slow in ("sdpa dense mask (cuda)", "reference (cuda)", "triton (public op)"):
+                report.ratio("tree_attention", case, slow, "triton kernel")
+
+
+def run_cpu(report: Report, quick: bool = False) -> None:
     B, H, T, Dh = 2, 16, 64, 64
     for L in ((256,) if quick else (256, 1024)):
         Lmax = L + T

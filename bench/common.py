@@ -58,3 +58,39 @@ class Report:
         with open(path, "w") as f:
             json.dump(self.rows, f, indent=2)
         print(f"wrote {path}")
+
+
+def cuda_median_seconds(fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
+    """Median seconds of a GPU call: CUDA events around each call (the first calls compile / autotune)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def triton_rows_skipped(bench: str) -> bool:
+    """True (after printing why) when the Triton rows of ``bench`` cannot run: they need a CUDA device
+    (the interpreter would time Python, not the kernels) and triton."""
+    import torch
+
+    reason = None
+    if not torch.cuda.is_available():
+        reason = "no CUDA device"
+    else:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            reason = "triton is not installed"
+    if reason is not None:
+        print(f"{bench:>18} triton rows skipped: {reason}", flush=True)
+    return reason is not None

@@ -38,7 +38,7 @@ def _compact_kv_kernel(cache, cache_len, path_nodes, n_keep, new_len, B, Hkv, Lm
         moved = tl.load(base + src + d[None, :], mask=ok)  # [P, D]
         tl.debug_barrier()  # every source of this chunk is read before any destination is written
         tl.store(base + dst + d[None, :], moved, mask=ok)
-    if slab < B * Hkv and slab % Hkv == 0:
+    if (slab < B * Hkv) & (slab % Hkv == 0):  # leading index 0, kv head 0
         tl.store(new_len + b, length + kept)
 
 

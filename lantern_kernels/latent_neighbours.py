@@ -146,7 +146,7 @@ def _neighbours_kernel(codes, codes_t, out, V, K, D: tl.constexpr, KP: tl.conste
     kth, below = _kth_distance_bits(codes, codes_t, row_ids, row_ok, V, K, D, BLOCK_C, RADIX, PASSES)
     _select(codes, codes_t, out, row_ids, row_ok, kth, below, V, K, D, BLOCK_C)
     tl.debug_barrier()  # phase 3 reads what other threads of this program wrote
-    for r0 in tl.static_range(0, BLOCK_R, ORDER_ROWS):
+    for r0 in range(0, BLOCK_R, ORDER_ROWS):  # a loop, not unrolled: BLOCK_R / ORDER_ROWS may be 32
         order_ids = tl.program_id(0) * BLOCK_R + r0 + tl.arange(0, ORDER_ROWS)
         _order_rows(codes, out, order_ids, order_ids < V, K, D, KP, CHUNK)
 
