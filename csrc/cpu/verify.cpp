@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <functional>
 #include <tuple>
 #include <vector>
 
@@ -68,19 +69,29 @@ void verify_rows(const VerifyTensors& t, const lantern::VerifyDims& d, int64_t k
   int8_t* status = t.status.data_ptr<int8_t>();      // [B, T]
 
   std::vector<lantern::cpu::VerifyStatus> errors(static_cast<size_t>(B), {VerifyError::kOk, 0});
-  at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+  auto run_row = [&](lantern::cpu::VerifyWalker<Real>& walker, int64_t b) {
+    const lantern::cpu::VerifyRow<Real> row{
+        block(t.lc, b, T * V),
+        t.lu.defined() ? block(t.lu, b, T * V) : lantern::cpu::RowBlock{nullptr, DType::kFloat32},
+        t.dr.defined() ? block(t.dr, b, T * V) : lantern::cpu::RowBlock{nullptr, DType::kFloat32},
+        tok + b * T, par + b * T, nb, T, V, d.K,
+        lantern::cpu::TargetSettings<Real>{cfg[b], temp[b], tk[b], tp[b]},
+        relax, seed, offset, static_cast<uint32_t>(b)};
+    errors[b] = walker.run(row, {acc + b, path + b * path_width, next + b, status + b * T});
+  };
+  if (B < at::get_num_threads() && !at::in_parallel_region()) {
+    // fewer rows than threads: rows in turn, each splitting its vocabulary passes over the threads
     lantern::cpu::VerifyWalker<Real> walker(V);
-    for (int64_t b = lo; b < hi; ++b) {
-      const lantern::cpu::VerifyRow<Real> row{
-          block(t.lc, b, T * V),
-          t.lu.defined() ? block(t.lu, b, T * V) : lantern::cpu::RowBlock{nullptr, DType::kFloat32},
-          t.dr.defined() ? block(t.dr, b, T * V) : lantern::cpu::RowBlock{nullptr, DType::kFloat32},
-          tok + b * T, par + b * T, nb, T, V, d.K,
-          lantern::cpu::TargetSettings<Real>{cfg[b], temp[b], tk[b], tp[b]},
-          relax, seed, offset, static_cast<uint32_t>(b)};
-      errors[b] = walker.run(row, {acc + b, path + b * path_width, next + b, status + b * T});
-    }
-  });
+    walker.set_parallel([](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+      at::parallel_for(0, n, grain, body);
+    });
+    for (int64_t b = 0; b < B; ++b) run_row(walker, b);
+  } else {
+    at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+      lantern::cpu::VerifyWalker<Real> walker(V);
+      for (int64_t b = lo; b < hi; ++b) run_row(walker, b);
+    });
+  }
   for (int64_t b = 0; b < B; ++b) raise_row_error(errors[b], b, k, V);
 }
 

@@ -7,12 +7,15 @@
 // Every output is checked to be in range. Build and run (tests/ops/test_sanitizers.py does this):
 //   g++ -std=c++17 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -I csrc/include \
 //       csrc/tests/sanitize_main.cpp -o sanitize && ./sanitize
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "lantern/compact_kv.h"
@@ -96,7 +99,9 @@ struct VerifyCase {
 
 // Runs the walk in compute type Real; checks every output is in range. Returns the status.
 template <class Real>
-lantern::cpu::VerifyStatus run_verify(const VerifyCase& c, int64_t* next_out = nullptr) {
+lantern::cpu::VerifyStatus run_verify(const VerifyCase& c, int64_t* next_out = nullptr,
+                                      const lantern::cpu::ParallelChunks* parallel = nullptr,
+                                      std::vector<int64_t>* outputs = nullptr) {
   const auto lc = encode(c.logits, c.dtype), lu = encode(c.uncond, c.dtype), dr = encode(c.draft, c.dtype);
   const lantern::cpu::VerifyRow<Real> row{
       {lc.data(), c.dtype},
@@ -110,7 +115,13 @@ lantern::cpu::VerifyStatus run_verify(const VerifyCase& c, int64_t* next_out = n
   std::vector<int8_t> status(static_cast<size_t>(c.T) + 1, 99);
   int64_t accept_len = -7, next = -7;
   lantern::cpu::VerifyWalker<Real> walker(c.V);
+  if (parallel != nullptr) walker.set_parallel(*parallel);
   const auto st = walker.run(row, {&accept_len, path.data(), &next, status.data()});
+  if (outputs != nullptr) {  // accept_len, next, path, status
+    *outputs = {accept_len, next};
+    outputs->insert(outputs->end(), path.begin(), path.end());
+    outputs->insert(outputs->end(), status.begin(), status.end());
+  }
   const int64_t width = c.T > 1 ? c.T - 1 : 0;
   CHECK(path[width] == 12345 && status[c.T] == 99);  // nothing written past the row
   CHECK(next >= 0 && next < c.V);
@@ -140,11 +151,12 @@ std::vector<int32_t> ring_neighbours(int64_t V, int64_t K) {
 }
 
 // A random valid case with extreme choices mixed in.
-VerifyCase random_verify_case(Rng& r) {
+VerifyCase random_verify_case(Rng& r, int64_t V = 0) {
   VerifyCase c;
   const int64_t Vs[] = {1, 2, 3, 8, 33, 256, 1000};
   const int64_t Ts[] = {1, 2, 3, 6, 17, 40};
   c.V = Vs[r.below(7)];
+  if (V > 0) c.V = V;
   c.T = Ts[r.below(6)];
   c.dtype = static_cast<DType>(r.below(4));
   c.K = c.V > 1 ? 1 + r.below(std::min<int64_t>(c.V - 1, 12)) : 0;
@@ -211,6 +223,31 @@ void test_verify_random() {
     const VerifyCase c = random_verify_case(r);
     const auto st = run_both(c);
     CHECK(st.error == lantern::cpu::VerifyError::kOk);
+  }
+}
+
+// The vocabulary passes split into chunks (as the op binding does when a batch has fewer rows than threads)
+// give the same outputs as one pass, whatever the partition: here uneven pieces run in reverse order.
+template <class Real>
+void test_verify_split_vocabulary() {
+  const lantern::cpu::ParallelChunks reversed = [](int64_t n, int64_t grain,
+                                                   const std::function<void(int64_t, int64_t)>& body) {
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+    for (int64_t lo = 0, i = 0; lo < n; ++i) {
+      const int64_t hi = std::min(n, lo + (i % 2 ? grain / 2 + 1 : 2 * grain));
+      pieces.emplace_back(lo, hi);
+      lo = hi;
+    }
+    for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) body(it->first, it->second);
+  };
+  Rng r{7};
+  for (int n = 0; n < 24; ++n) {
+    const VerifyCase c = random_verify_case(r, n % 3 == 0 ? 8192 : (n % 3 == 1 ? 9001 : 16384));
+    std::vector<int64_t> whole, split;
+    const auto a = run_verify<Real>(c, nullptr, nullptr, &whole);
+    const auto b = run_verify<Real>(c, nullptr, &reversed, &split);
+    CHECK(a.error == b.error && a.where == b.where);
+    CHECK(whole == split);
   }
 }
 
@@ -439,6 +476,8 @@ int main() {
   test_verify_edges();
   test_verify_errors();
   test_verify_random();
+  test_verify_split_vocabulary<float>();
+  test_verify_split_vocabulary<double>();
   test_neighbours();
   test_attention();
   test_compact_kv_rows();

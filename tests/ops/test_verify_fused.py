@@ -225,6 +225,31 @@ def test_llamagen_shaped_case(settings):
         assert torch.equal(a, b)
 
 
+def with_threads(n, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("seed", range(2000, 2012))
+def test_single_row_splits_the_vocabulary_without_changing_results(seed):
+    """B = 1 with V = 16384 >= 2 chunks: with more threads than rows the kernel splits each node's vocabulary
+    passes over the threads (csrc/cpu/verify.cpp). The result must equal the one-thread run bit for bit and
+    agree with the reference (pinned: exactly)."""
+    args, kwargs = random_case(seed, V=16384, T=9, B=1)
+    one = with_threads(1, lambda: fused_cpu.verify(*args, **kwargs))
+    split = with_threads(4, lambda: fused_cpu.verify(*args, **kwargs))
+    for a, b in zip(one, split):
+        assert torch.equal(a, b)
+    with lantern.fused("reference"):
+        want = ops.verify(*args, **kwargs)
+    for a, b in zip(want, split):
+        assert torch.equal(a, b)
+
+
 def test_bad_input_through_cpu_raises_like_reference():
     """Bad inputs raise the same errors under "cpu" (the checks run before any backend); the kernel's own
     checks guard direct calls of torch.ops.lantern.verify."""

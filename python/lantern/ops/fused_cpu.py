@@ -102,7 +102,9 @@ if _C is not None:
     def _row_setting(value, B: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A scalar or [B] setting as a contiguous [B] tensor of ``dtype``, converted as the reference does
         (a Python number straight to ``dtype``: 0.9 becomes float64 0.9, not float64(float32(0.9)))."""
-        t = torch.as_tensor(value, dtype=dtype, device=device)
+        if not isinstance(value, torch.Tensor):  # one allocation (this wrapper's cost shows at B = 1)
+            return torch.full((B,), value, dtype=dtype, device=device)
+        t = value.to(device=device, dtype=dtype)
         return t.expand(B).contiguous() if t.dim() == 0 else t.contiguous()
 
     def _offset_tensor(offset: IntLike, device: torch.device) -> torch.Tensor:

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -63,11 +64,23 @@ struct Support {
   }
 };
 
+// Runs body(lo, hi) on subranges that cover [0, n) exactly once, possibly on several threads (the op binding
+// passes at::parallel_for when a batch has fewer rows than threads). Only elementwise passes and per-chunk
+// collections merged in chunk order use it, so results do not depend on the partition or the thread count.
+using ParallelChunks = std::function<void(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body)>;
+constexpr int64_t kVocabChunk = 4096;  // vocabulary entries per parallel chunk
+
+inline bool splits(const ParallelChunks* parallel, int64_t V) {
+  return parallel != nullptr && *parallel && V >= 2 * kVocabChunk;
+}
+
 template <class Real>
 struct TargetScratch {
   std::vector<Real> l;    // [V] guided (and scaled) logits
   std::vector<Real> aux;  // [V] unconditional logits, then pi
   SelectScratch<Real> select;
+  ParallelChunks parallel;        // empty: every pass runs on the calling thread
+  std::vector<int64_t> counts;    // per-chunk counts of a parallel collect_at_least
 
   void resize(int64_t V) {
     l.resize(static_cast<size_t>(V));
@@ -109,35 +122,72 @@ LANTERN_CPU_CLONES inline void divide_by(const Real* x, int64_t V, Real t, Real*
   for (int64_t i = 0; i < V; ++i) l[i] = x[i] / t;
 }
 
-// l[0..V) = the guided logits of `node` (SPEC §1.1), divided by `temperature` when divide; aux is scratch.
+// l[lo..hi) = the guided logits of `node` (SPEC §1.1) at those tokens, divided by `temperature` when divide;
+// aux[lo..hi) is scratch.
 template <class Real>
-inline void guided_logits(const RowBlock& lc, const RowBlock& lu, int64_t node, int64_t V, Real cfg_scale, Real* l,
-                          Real* aux, bool divide = false, Real temperature = Real(1)) {
-  const Real* c = l;
-  const Real* u = aux;
+inline void guided_logits_range(const RowBlock& lc, const RowBlock& lu, int64_t node, int64_t V, int64_t lo,
+                                int64_t hi, Real cfg_scale, Real* l, Real* aux, bool divide, Real temperature) {
+  const int64_t n = hi - lo;
+  Real* out = l + lo;
+  const Real* c = out;
+  const Real* u = aux + lo;
   if constexpr (sizeof(Real) == sizeof(float)) {  // float32 inputs are read in place
-    if (lc.dtype == DType::kFloat32) c = static_cast<const float*>(lc.data) + node * V;
-    if (lu.data != nullptr && lu.dtype == DType::kFloat32) u = static_cast<const float*>(lu.data) + node * V;
+    if (lc.dtype == DType::kFloat32) c = static_cast<const float*>(lc.data) + node * V + lo;
+    if (lu.data != nullptr && lu.dtype == DType::kFloat32) u = static_cast<const float*>(lu.data) + node * V + lo;
   }
-  if (c == l) load_row<Real>(lc.data, lc.dtype, node * V, V, l);
+  if (c == out) load_row<Real>(lc.data, lc.dtype, node * V + lo, n, out);
   if (lu.data != nullptr) {
-    if (u == aux) load_row<Real>(lu.data, lu.dtype, node * V, V, aux);
-    guide<Real>(c, u, V, cfg_scale, l);
-    c = l;
+    if (u == aux + lo) load_row<Real>(lu.data, lu.dtype, node * V + lo, n, aux + lo);
+    guide<Real>(c, u, n, cfg_scale, out);
+    c = out;
   }
-  if (divide)
-    divide_by<Real>(c, V, temperature, l);
-  else if (c != l)
-    std::memcpy(l, c, static_cast<size_t>(V) * sizeof(Real));
+  if (divide && temperature != Real(1))  // x / 1 == x exactly: temperature 1 skips the pass
+    divide_by<Real>(c, n, temperature, out);
+  else if (c != out)
+    std::memcpy(out, c, static_cast<size_t>(n) * sizeof(Real));
 }
 
-// Indices i < V with l[i] >= g, in increasing order, appended without branches; out has room for V.
+// l[0..V) = the guided logits of `node` (SPEC §1.1), divided by `temperature` when divide; aux is scratch.
+// Elementwise, so splitting it over `parallel` chunks gives the same values.
 template <class Real>
-inline int64_t collect_at_least(const Real* l, int64_t V, Real g, int32_t* out) {
+inline void guided_logits(const RowBlock& lc, const RowBlock& lu, int64_t node, int64_t V, Real cfg_scale, Real* l,
+                          Real* aux, bool divide = false, Real temperature = Real(1),
+                          const ParallelChunks* parallel = nullptr) {
+  if (!splits(parallel, V)) return guided_logits_range<Real>(lc, lu, node, V, 0, V, cfg_scale, l, aux, divide, temperature);
+  (*parallel)(V, kVocabChunk, [&](int64_t lo, int64_t hi) {
+    guided_logits_range<Real>(lc, lu, node, V, lo, hi, cfg_scale, l, aux, divide, temperature);
+  });
+}
+
+// Indices lo <= i < hi with l[i] >= g, in increasing order, appended without branches; out has room for hi - lo.
+template <class Real>
+inline int64_t collect_range(const Real* l, int64_t lo, int64_t hi, Real g, int32_t* out) {
   int64_t n = 0;
-  for (int64_t i = 0; i < V; ++i) {
+  for (int64_t i = lo; i < hi; ++i) {
     out[n] = static_cast<int32_t>(i);
     n += static_cast<int64_t>(l[i] >= g);
+  }
+  return n;
+}
+
+// Indices i < V with l[i] >= g, in increasing order; out has room for V. With `parallel`, chunk c collects
+// into out[c * kVocabChunk ...) and the chunks are then moved together in chunk order (the same list).
+template <class Real>
+inline int64_t collect_at_least(const Real* l, int64_t V, Real g, int32_t* out,
+                                const ParallelChunks* parallel = nullptr, std::vector<int64_t>* counts = nullptr) {
+  if (!splits(parallel, V) || counts == nullptr) return collect_range<Real>(l, 0, V, g, out);
+  const int64_t chunks = (V + kVocabChunk - 1) / kVocabChunk;
+  counts->assign(static_cast<size_t>(chunks), 0);
+  (*parallel)(chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t lo = c * kVocabChunk, hi = std::min(V, lo + kVocabChunk);
+      (*counts)[c] = collect_range<Real>(l, lo, hi, g, out + lo);
+    }
+  });
+  int64_t n = (*counts)[0];
+  for (int64_t c = 1; c < chunks; ++c) {
+    std::memmove(out + n, out + c * kVocabChunk, static_cast<size_t>((*counts)[c]) * sizeof(int32_t));
+    n += (*counts)[c];
   }
   return n;
 }
@@ -166,7 +216,8 @@ inline void target_distribution(const RowBlock& lc, const RowBlock& lu, int64_t 
                                 const TargetSettings<Real>& s, bool greedy, Real* p, Support& support,
                                 TargetScratch<Real>& ws) {
   Real* l = ws.l.data();
-  guided_logits<Real>(lc, lu, node, V, s.cfg_scale, l, ws.aux.data(), !greedy, s.temperature);
+  const ParallelChunks* par = &ws.parallel;
+  guided_logits<Real>(lc, lu, node, V, s.cfg_scale, l, ws.aux.data(), !greedy, s.temperature, par);
   support.clear(p);
   std::vector<int32_t>& idx = support.idx;
   idx.resize(static_cast<size_t>(V));
@@ -176,7 +227,7 @@ inline void target_distribution(const RowBlock& lc, const RowBlock& lu, int64_t 
   if (!greedy && s.top_k > 0 && s.top_k < V) {
     // candidates: l >= a sampled guess; exact whenever at least top_k pass it, else all of l
     const Real guess = top_k_guess<Real>(l, V, s.top_k, ws.select);
-    n = collect_at_least<Real>(l, V, guess, idx.data());
+    n = collect_at_least<Real>(l, V, guess, idx.data(), par, &ws.counts);
     if (n >= s.top_k) {  // the top-k set lies among the candidates: keep those >= the threshold, in order
       Real* vals = ws.aux.data();  // (the unconditional logits are no longer needed)
       for (int64_t t = 0; t < n; ++t) vals[t] = l[idx[t]];
@@ -188,10 +239,10 @@ inline void target_distribution(const RowBlock& lc, const RowBlock& lu, int64_t 
       }
       n = kept;
     } else {
-      n = collect_at_least<Real>(l, V, kth_largest<Real>(l, V, s.top_k, ws.select), idx.data());
+      n = collect_at_least<Real>(l, V, kth_largest<Real>(l, V, s.top_k, ws.select), idx.data(), par, &ws.counts);
     }
   } else {
-    n = collect_at_least<Real>(l, V, -std::numeric_limits<Real>::max(), idx.data());  // excludes -inf, NaN
+    n = collect_at_least<Real>(l, V, -std::numeric_limits<Real>::max(), idx.data(), par, &ws.counts);  // excludes -inf, NaN
   }
   idx.resize(static_cast<size_t>(n));
   for (int32_t i : idx) support.member[i] = 1;

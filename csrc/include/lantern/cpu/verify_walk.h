@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "lantern/cpu/target.h"
@@ -58,6 +59,9 @@ class VerifyWalker {
     support_.resize(V);
     ws_.resize(V);
   }
+
+  // Lets the row's vocabulary-wide passes run in parallel chunks (results are the same; see ParallelChunks).
+  void set_parallel(ParallelChunks parallel) { ws_.parallel = std::move(parallel); }
 
   VerifyStatus run(const Row& in, const VerifyOut& out) {
     for (int64_t c = 0; c < in.T; ++c) out.status[c] = -1;
@@ -257,7 +261,8 @@ class VerifyWalker {
     for (int64_t cur = best; cur > 0; cur = in.parents[cur]) out.path[depth_[cur] - 1] = cur;
     // next token: argmax of the guided logits at the last accepted node (lowest index on ties)
     Real* l = ws_.l.data();
-    guided_logits<Real>(in.logits, in.uncond, best, in.V, in.settings.cfg_scale, l, ws_.aux.data());
+    guided_logits<Real>(in.logits, in.uncond, best, in.V, in.settings.cfg_scale, l, ws_.aux.data(), false, Real(1),
+                        &ws_.parallel);
     int64_t arg = 0;
     for (int64_t i = 1; i < in.V; ++i)
       if (l[i] > l[arg]) arg = i;
