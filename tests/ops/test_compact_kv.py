@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import lantern
 
-BACKENDS = ["reference", "cpu"]  # fused backends join this list once they implement compact_kv
+BACKENDS = ["reference", "cpu", "triton"]  # fused backends join this list once they implement compact_kv
 
 
 @pytest.fixture(params=BACKENDS)

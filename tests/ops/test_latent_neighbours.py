@@ -9,7 +9,7 @@ import lantern
 from lantern.ops.reference import latent_neighbours as reference_module
 from neighbour_check import assert_neighbours_valid, exact_table
 
-BACKENDS = ["reference", "cpu"]  # fused backends join this list once they implement latent_neighbours
+BACKENDS = ["reference", "cpu", "triton"]  # fused backends join this list once they implement latent_neighbours
 
 
 @pytest.fixture(params=BACKENDS)

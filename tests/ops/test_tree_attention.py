@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import lantern
 from tree_cases import random_parents
 
-BACKENDS = ["reference", "cpu"]  # fused backends join this list once they implement tree_attention
+BACKENDS = ["reference", "cpu", "triton"]  # fused backends join this list once they implement tree_attention
 
 
 @pytest.fixture(params=BACKENDS)
