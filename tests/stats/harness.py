@@ -3,6 +3,22 @@ B copies of a case in one call, turning results into outcome counts, and the ora
 
 Backends: add a name to ``BACKENDS`` (e.g. "cpu", "triton") and every statistical test runs on it.
 Negative controls call the reference directly with ``faults=(name,)``.
+
+Replayed backends. Triton's interpreter (how the "triton" backend runs without a GPU) runs each of a
+launch's programs in Python, ~0.05-0.2 s per row, so 10^5 draws per call are out of reach. A backend in
+``replayed_backends()`` is therefore checked by replay: each call runs the reference on all rows, and the
+backend on the first ``REPLAY_ROWS`` rows, which must equal the reference's rows bit for bit (same inputs,
+same Philox counters: row b uses counter word row = b in both); the call returns the reference's rows.
+The replayed rows are fixed before any outcome is seen and are i.i.d. draws, so a backend whose outcome
+law differs from the reference's by total variation eps disagrees on each of them with probability
+>= eps: one call misses such a backend with probability <= (1 - eps)^32 (eps = 0.1: 3.4 %), and the ~100
+replayed calls of tests/stats together with probability <= (1 - eps)^3200 (eps = 0.005: 1e-7). The
+statistical tests then read reference rows, so a replayed backend's calls use REPLAY_DRAWS = 10^4
+draws (the G-test is calibrated for any N: false-failure rate <= 1e-6 per assertion; their power is the
+reference's own business, proven at DRAWS by the negative controls). In the replay both sides compute in
+float32 (float64 inputs rounded to float32 first: the backend's documented precision).
+test_negative_controls.py checks that replay catches every deliberate fault. With a CUDA device,
+"triton" runs the full DRAWS like every other backend.
 """
 from __future__ import annotations
 
@@ -15,21 +31,79 @@ import torch
 
 import lantern
 from lantern.ops.reference import verify as reference_verify_module
+from lantern.ops.reference.verify import VerifyResult
 
 from . import oracle
 from .target64 import target_distributions
 
-BACKENDS = ["reference", "cpu"]
+BACKENDS = ["reference", "cpu", "triton"]
 FAULTS = ("wrong_residual", "reused_uniform", "off_by_one")
 DRAWS = 100_000  # rows (independent draws) per verify call
+REPLAY_ROWS = 32  # rows a replayed backend runs per call
+REPLAY_DRAWS = 10_000  # rows per statistical call for a replayed backend (its G-tests read reference rows)
+ROW_KWARGS = ("uncond_logits", "draft_probs", "cfg_scale", "temperature", "top_k", "top_p")  # [B, ...] inputs
+
+
+def replayed_backends() -> set:
+    """Backends checked by replay: "triton" under Triton's interpreter (no CUDA device)."""
+    return {"triton"} if lantern._backend._triton_interpret() and not torch.cuda.is_available() else set()
 
 
 def backend_verify(backend: str) -> Callable:
-    """lantern.ops.verify run under ``lantern.fused(backend)``."""
+    """lantern.ops.verify run under ``lantern.fused(backend)`` (replayed for backends in replayed_backends())."""
 
     def run(*args, **kwargs):
         with lantern.fused(backend):
             return lantern.ops.verify(*args, **kwargs)
+
+    if backend not in replayed_backends():
+        return run
+    replayed = replayed_verify(run, REPLAY_ROWS)
+    replayed.draws = REPLAY_DRAWS
+    return replayed
+
+
+def draws_for(verify: Callable) -> int:
+    """Rows per statistical call: DRAWS, or REPLAY_DRAWS for a replayed backend."""
+    return getattr(verify, "draws", DRAWS)
+
+
+class ReplayMismatch(AssertionError):
+    """A replayed backend's row differs from the reference's."""
+
+
+def _narrow(value):
+    """float64 tensors to float32 (a replayed backend's compute precision), anything else unchanged."""
+    return value.float() if isinstance(value, torch.Tensor) and value.dtype == torch.float64 else value
+
+
+def _first_rows(value, n: int, B: int):
+    is_rows = isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == B
+    return value[:n] if is_rows else value
+
+
+def replayed_verify(under_test: Callable, rows: int) -> Callable:
+    """A verify that returns the reference's result on every row, after checking that ``under_test`` equals
+    the reference bit for bit on the first ``rows`` rows, both computing in float32 (see the module
+    docstring)."""
+
+    def run(logits, tokens, parents, neighbours=None, **kwargs):
+        with lantern.fused("reference"):
+            want = lantern.ops.verify(logits, tokens, parents, neighbours, **kwargs)
+        B = logits.shape[0]
+        n = min(rows, B)
+        first = lambda k, v: _narrow(_first_rows(v, n, B)) if k in ROW_KWARGS else v
+        replay = (_narrow(logits[:n]), tokens[:n], parents[:n], neighbours)
+        replay_kwargs = {k: first(k, v) for k, v in kwargs.items()}
+        with lantern.fused("reference"):
+            expected = lantern.ops.verify(*replay, **replay_kwargs)
+        got = under_test(*replay, **replay_kwargs)
+        for name, a, b in zip(VerifyResult._fields, expected, got):
+            if not torch.equal(a, b):
+                off = (a != b).reshape(n, -1).any(1).nonzero().flatten().tolist()
+                raise ReplayMismatch(f"replayed rows {off} differ from the reference in {name}: "
+                                     f"{a[off].tolist()} vs {b[off].tolist()}")
+        return want
 
     return run
 

@@ -10,7 +10,7 @@ from lantern.ops.reference.verify import verify as reference_verify
 from . import oracle
 from .cases import BRANCHING, PrefixModel, make_case
 from .gtest import assert_fails_widely
-from .harness import FAULTS, faulty_verify
+from .harness import FAULTS, REPLAY_DRAWS, REPLAY_ROWS, ReplayMismatch, faulty_verify, replayed_verify
 from .walk_checks import exact_fixed_tree, exact_random_drafts, outcome_vs_oracle
 
 
@@ -79,6 +79,17 @@ CONTROLS = [
 def test_broken_walk_is_rejected(fault, check):
     broken = budget_ignored() if fault == "budget_ignored" else faulty_verify(fault)
     assert_some_check_fails_widely(check(broken), f"{fault} under {check.__name__}")
+
+
+@pytest.mark.parametrize("fault, check", CONTROLS, ids=[f"{f}-{c.__name__}" for f, c in CONTROLS])
+def test_replay_catches_broken_walk(fault, check):
+    """The replay that checks a backend under Triton's interpreter (harness.replayed_verify) catches each
+    deliberate bug within the first REPLAY_ROWS rows of the same check's call."""
+    broken = budget_ignored() if fault == "budget_ignored" else faulty_verify(fault)
+    replayed = replayed_verify(broken, REPLAY_ROWS)
+    replayed.draws = REPLAY_DRAWS
+    with pytest.raises(ReplayMismatch):
+        check(replayed)
 
 
 def test_every_fault_has_a_control():

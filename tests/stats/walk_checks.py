@@ -2,7 +2,7 @@
 negative control asserts that the same check rejects a broken implementation."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -10,7 +10,7 @@ import torch
 from . import oracle
 from .cases import PrefixModel, sample_static_trees
 from .gtest import GTest, conditional_g_test, g_test
-from .harness import DRAWS, Case, cell_labels, emitted_tokens, outcome_counts, run_copies, run_rows
+from .harness import Case, draws_for, cell_labels, emitted_tokens, outcome_counts, run_copies, run_rows
 
 
 def tokens_after_each_node(result, tokens, T: int, V: int) -> np.ndarray:
@@ -34,7 +34,7 @@ def tokens_after_each_node(result, tokens, T: int, V: int) -> np.ndarray:
 
 def outcome_vs_oracle(verify: Callable, case: Case, seed: int) -> List[GTest]:
     """(last node, next token) frequencies from DRAWS copies vs the oracle's exact law."""
-    result = run_copies(verify, case, DRAWS, seed=seed)
+    result = run_copies(verify, case, draws_for(verify), seed=seed)
     counts = outcome_counts(result, case.T, case.V)
     return [g_test(counts, case.outcome_law(), cell_labels(case.T, case.V))]
 
@@ -44,7 +44,7 @@ def exact_fixed_tree(verify: Callable, case: Case, seed: int, dtype=torch.float6
     reaches, the next emitted token follows the target P_node (conditional G-test over nodes).
     With float32 logits the backend's P differs from the float64 oracle by ~1e-7, far below what 10^5
     draws can resolve (~3e-3)."""
-    result = run_copies(verify, case, DRAWS, seed=seed, dtype=dtype)
+    result = run_copies(verify, case, draws_for(verify), seed=seed, dtype=dtype)
     counts = outcome_counts(result, case.T, case.V)
     after = tokens_after_each_node(result, np.array(case.tokens), case.T, case.V)
     P = case.targets()
@@ -64,12 +64,12 @@ def sequences_by_prefix(sequences) -> Dict[tuple, Dict[int, int]]:
 
 
 def exact_random_drafts(verify: Callable, model: PrefixModel, shape, relax: oracle.Relaxation, seed: int,
-                        rows: int = DRAWS) -> List[GTest]:
+                        rows: Optional[int] = None) -> List[GTest]:
     """Sampled drafts drawn afresh in every row from draft(prefix): (1) the emitted sequences follow the
     oracle's exact law (marginal over the draws); (2) for delta = 0, every emitted token follows the
     target given the tokens before it (conditional G-test over prefixes)."""
     rng = np.random.default_rng(seed)
-    tokens, cond, uncond, draft = sample_static_trees(model, shape, rows, rng)
+    tokens, cond, uncond, draft = sample_static_trees(model, shape, rows or draws_for(verify), rng)
     parents = np.broadcast_to(np.array(shape), tokens.shape)
     neighbours = _prefix_model_neighbours(model.V)
     result = run_rows(verify, cond, tokens, parents, neighbours, relax, uncond=uncond, draft=draft, seed=seed,
