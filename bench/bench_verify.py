@@ -11,7 +11,7 @@ import torch
 import lantern
 from lantern import ops
 
-from .common import Report, interleaved_medians, median_seconds
+from .common import Report, cuda_median_seconds, interleaved_medians, median_seconds, triton_rows_skipped
 from .upstream_verify import upstream_verify
 
 
@@ -47,6 +47,45 @@ SETTINGS = dict(cfg_scale=3.0, top_k=2000, k=1000, delta=0.1, seed=1)
 
 
 def run(report: Report, quick: bool = False) -> None:
+    run_cpu(report, quick)
+    run_triton(report, quick)
+
+
+def run_triton(report: Report, quick: bool = False) -> None:
+    """The Triton kernel on a CUDA device against the reference on the same GPU and a streaming pass over
+    logits + uncond (the memory bound); CUDA events, the first calls autotune."""
+    if triton_rows_skipped("verify"):
+        return
+    import lantern_kernels.verify as triton_verify
+
+    for B in ((1,) if quick else (1, 8, 64)):
+        logits, uncond, tokens, parents, neighbours = (t.cuda() for t in inputs(B))
+        case = f"B={B} T=59 V=16384 k=1000 cuda"
+        args = (logits, tokens, parents, neighbours)
+        kernel = lambda: triton_verify.verify(*args, uncond_logits=uncond, **SETTINGS)
+
+        def public():
+            return ops.verify(*args, uncond_logits=uncond, **SETTINGS)
+
+        with lantern.fused("reference"):
+            want = public()
+            report.add("verify", case, "reference (cuda)", cuda_median_seconds(public, repeats=5, warmup=1))
+        with lantern.fused("triton"):
+            got = public()
+            report.add("verify", case, "triton (public op)", cuda_median_seconds(public, repeats=20))
+        report.add("verify", case, "triton kernel", cuda_median_seconds(kernel, repeats=20))
+        report.add("verify", case, "stream logits+uncond (cuda)",
+                   cuda_median_seconds(lambda: (logits.sum(), uncond.sum()), repeats=20))
+        agree = all(bool(torch.equal(a, b)) for a, b in zip(want, got))
+        report.rows.append(dict(bench="verify", case=case, check="triton == reference", value=agree,
+                                mean_accept_len=float(got.accept_len.float().mean())))
+        print(f"{'verify':>18} {case:<34} triton == reference: {agree}; mean accept_len "
+              f"{float(got.accept_len.float().mean()):.2f}", flush=True)
+        for slow in ("reference (cuda)", "triton (public op)", "stream logits+uncond (cuda)"):
+            report.ratio("verify", case, slow, "triton kernel")
+
+
+def run_cpu(report: Report, quick: bool = False) -> None:
     for B in ((1,) if quick else (1, 8, 64)):
         logits, uncond, tokens, parents, neighbours = inputs(B)
         case = f"B={B} T=59 V=16384 k=1000"
