@@ -68,3 +68,12 @@ def test_cfg_interval_changes_only_later_steps(model):
     limited = generate_ar(model, labels, cfg_scale=4.0, seed=2, cfg_interval=6)
     assert torch.equal(always[:, :7], limited[:, :7])  # steps 0..6 use guidance in both
     assert not torch.equal(always, limited)
+
+
+def test_length_stops_at_a_prefix_of_the_full_image(model):
+    labels = torch.tensor([0, 1])
+    full = generate_ar(model, labels, cfg_scale=2.0, seed=3)
+    assert torch.equal(generate_ar(model, labels, cfg_scale=2.0, seed=3, length=3), full[:, :3])
+    for bad in (0, model.config.block_size + 1, 2.0, True):
+        with pytest.raises(ValueError, match="length"):
+            generate_ar(model, labels, length=bad)

@@ -89,3 +89,27 @@ def test_bad_configuration_is_named(target):
         generate_spec(target, drafters(target)["small"], torch.tensor([0]), config=SpecConfig(tree="bush"))
     with pytest.raises(ValueError, match="neighbour"):
         generate_spec(target, drafters(target)["small"], torch.tensor([0]), config=SpecConfig(method="lantern"))
+
+
+def test_length_stops_every_row_at_the_prefix(target):
+    labels = torch.tensor([0, 3, 7])
+    full = generate_ar(target, labels, cfg_scale=3.0, temperature=0.0)
+    for length in (1, 2, 5):
+        got, stats = generate_spec(target, drafters(target)["self"], labels, config=TREES[0], cfg_scale=3.0,
+                                   temperature=0.0, length=length)
+        assert torch.equal(got, full[:, :length])  # greedy: the prefix of the whole image
+        assert stats.emitted == labels.shape[0] * (length - 1)
+    with pytest.raises(ValueError, match="length"):
+        generate_spec(target, drafters(target)["self"], labels, config=TREES[0], length=0)
+
+
+@pytest.mark.parametrize("cfg_interval", [0, 4, 9])
+def test_greedy_spec_with_cfg_interval_reproduces_greedy_ar(target, cfg_interval):
+    """Trees straddle the interval's end: nodes predicting tokens past it are verified unguided."""
+    labels = torch.tensor([0, 3, 7])
+    want = generate_ar(target, labels, cfg_scale=3.0, temperature=0.0, cfg_interval=cfg_interval)
+    assert not torch.equal(want, generate_ar(target, labels, cfg_scale=3.0, temperature=0.0))  # it matters
+    for drafter_name in ("self", "small"):
+        got, _ = generate_spec(target, drafters(target)[drafter_name], labels, config=TREES[2], cfg_scale=3.0,
+                               temperature=0.0, cfg_interval=cfg_interval)
+        assert torch.equal(got, want)

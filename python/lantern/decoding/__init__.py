@@ -7,17 +7,17 @@ __all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfi
 
 def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbours=None, tree: str = "dynamic",
              k: int = 1000, delta: float = 0.1, lam=None, budget: str = "candidate", cfg_scale=1.0,
-             temperature=1.0, top_k=0, top_p=1.0, cfg_interval: int = -1, seed: int = 0, **tree_options):
+             temperature=1.0, top_k=0, top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None,
+             **tree_options):
     """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed).
-    Returns (tokens [B, L], SpecStats or None for AR). tree_options go to SpecConfig (depth, n_nodes,
-    top_per_node, static_widths, draft)."""
+    Returns (tokens [B, L], SpecStats or None for AR); L = ``length`` (default: the whole image).
+    tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft)."""
     if method == "ar":
         return generate_ar(model, cond_idx, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
-                           top_p=top_p, cfg_interval=cfg_interval, seed=seed), None
+                           top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length), None
     if drafter is None:
         raise ValueError(f"method={method!r} needs a drafter (lantern.models.drafter.EagleDrafter or GPTDrafter)")
-    if cfg_interval >= 0:
-        raise ValueError("cfg_interval is supported by method='ar' only: a draft tree spans steps on both sides")
     config = SpecConfig(method=method, tree=tree, k=k, delta=delta, lam=lam, budget=budget, **tree_options)
     return generate_spec(model, drafter, cond_idx, neighbours, config=config, cfg_scale=cfg_scale,
-                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, length=length,
+                         cfg_interval=cfg_interval)

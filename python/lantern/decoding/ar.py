@@ -29,18 +29,29 @@ def sample_next(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], *, 
     return result.next_token
 
 
+def check_length(length: Optional[int], block_size: int) -> int:
+    """The number of tokens to generate: ``length``, or the whole image (block_size) when None."""
+    if length is None:
+        return block_size
+    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= block_size:
+        raise ValueError(f"length must be an int in [1, {block_size}] (the image's tokens), got {length!r}")
+    return length
+
+
 @torch.no_grad()
 def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, temperature: Number = 1.0,
                 top_k: Number = 0, top_p: Number = 1.0, cfg_interval: int = -1, seed: int = 0,
-                on_token: Optional[Callable[[int], None]] = None) -> torch.Tensor:
+                on_token: Optional[Callable[[int], None]] = None, length: Optional[int] = None) -> torch.Tensor:
     """Sample a whole image's tokens: cond_idx c2i class ids [B] (or t2i caption features [B, C, D]) ->
     tokens [B, L] int64, L = the model's block_size.
 
     Guidance (cfg_scale != 1) doubles the batch as [cond; uncond] like LlamaGen; with cfg_interval >= 0,
     steps after cfg_interval use the conditional logits alone (LlamaGen's cfg_interval). The sampled
-    token is fed to both halves. ``on_token(step)`` is called after each token (progress bars)."""
+    token is fed to both halves. ``on_token(step)`` is called after each token (progress bars).
+    ``length`` stops after the first ``length`` tokens (default: the whole image), the same tokens as the
+    full run's prefix."""
     B = cond_idx.shape[0]
-    L, C = model.config.block_size, model.config.cond_len
+    L, C = check_length(length, model.config.block_size), model.config.cond_len
     guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
     cond = model.double_for_cfg(cond_idx) if guided else cond_idx
     rows = cond.shape[0]

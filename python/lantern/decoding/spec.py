@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 import torch
 
 from .. import ops
-from .ar import sample_next
-from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_shape
+from .ar import check_length, sample_next
+from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_shape, unguided_past_interval
 
 STATIC_WIDTHS = (6, 4, 3, 2, 1, 1)  # 56 nodes with the root
 
@@ -69,16 +69,22 @@ def _emit_counts(accept_len, n_done, L):
 @torch.no_grad()
 def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[torch.Tensor] = None, *,
                   config: SpecConfig = SpecConfig(), cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0,
-                  seed: int = 0, on_step=None):
+                  seed: int = 0, on_step=None, length: Optional[int] = None, cfg_interval: int = -1):
     """cond_idx [B] (class ids) -> (tokens [B, L] int64, SpecStats). The first token is sampled like AR
-    (offset 0); verify step s uses offset s."""
+    (offset 0); verify step s uses offset s. ``length`` (default: the whole image, block_size) stops every
+    row after its first ``length`` tokens, a prefix of the image (tests and benchmarks of the first
+    positions). Their law is the full run's; the tokens themselves may differ, since trees near the end
+    are clipped. ``cfg_interval`` >= 0: tokens past that index are sampled without guidance, as in
+    LlamaGen's AR loop (see ``unguided_past_interval``)."""
     device = target.tok_embeddings.weight.device
+    L = check_length(length, target.config.block_size)
     with torch.device(device):
         return _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperature, top_k, top_p,
-                         seed, on_step)
+                         seed, on_step, L, cfg_interval)
 
 
-def _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperature, top_k, top_p, seed, on_step):
+def _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperature, top_k, top_p, seed, on_step,
+              L, cfg_interval):
     if config.method not in ("spec", "lantern"):
         raise ValueError(f"method must be 'spec' or 'lantern', got {config.method!r}")
     if config.tree not in ("chain", "static", "dynamic"):
@@ -89,7 +95,7 @@ def _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperat
     t0 = time.perf_counter()
     stats = SpecStats()
     B = cond_idx.shape[0]
-    L, C = target.config.block_size, target.config.cond_len
+    C = target.config.cond_len
     guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
     cond = target.double_for_cfg(cond_idx) if guided else cond_idx
     rows = cond.shape[0]
@@ -125,10 +131,10 @@ def _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperat
         # 1. the drafter caches the committed tokens and scores the root
         pos = (n_done.repeat(halves) - n_pending)[:, None] + torch.arange(pending.shape[1])
         root_logits, root_state = drafter.commit(pending, pending_feat, n_pending, pos.clamp(max=L - 1))
-        scorer = DraftScorer(drafter, B, guided, cfg_scale, n_done - 1, L - 1)
+        scorer = DraftScorer(drafter, B, guided, cfg_scale, n_done - 1, L - 1, cfg_interval)
         scorer.forwards = 1
         root_tok = out.gather(1, (n_done - 1)[:, None]).squeeze(1)
-        root_logits = scorer.guide(root_logits)
+        root_logits = scorer.guide(root_logits, n_done)
         # 2. grow the draft tree
         if config.tree == "chain":
             tree = grow_chain(scorer, root_tok, root_logits, root_state, config.depth, sampled, process, seed, step)
@@ -147,8 +153,9 @@ def _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperat
                                 tree_mask=rep(mask), return_hidden=True)
         stats.target_forwards += 1
         # 4. verify
+        uncond = unguided_past_interval(logits[:B], logits[B:], n_done[:, None] + tree.depth, cfg_interval)
         result = ops.verify(logits[:B], tree.tokens, tree.parents, neighbours if relaxed else None,
-                            uncond_logits=logits[B:] if guided else None, cfg_scale=cfg_scale,
+                            uncond_logits=uncond if guided else None, cfg_scale=cfg_scale,
                             temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=tree.draft_probs,
                             k=config.k if relaxed else 0, delta=config.delta if relaxed else 0.0,
                             lam=config.lam if relaxed else None, budget=config.budget if relaxed else "candidate",

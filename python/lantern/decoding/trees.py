@@ -44,20 +44,35 @@ def static_shape(widths: Sequence[int]) -> List[int]:
     return parents
 
 
+def unguided_past_interval(cond: torch.Tensor, uncond: torch.Tensor, predicts: torch.Tensor,
+                           cfg_interval: int) -> torch.Tensor:
+    """LlamaGen's cfg_interval inside a tree: the unconditional logits, replaced by the conditional ones
+    where the predicted token index is past cfg_interval. Guidance u + s (c - u) with u = c is exactly c,
+    so those nodes are unguided while one verify call still covers the whole tree.
+    cond / uncond [B, ..., V]; predicts [B, ...] int64."""
+    if cfg_interval < 0:
+        return uncond
+    return torch.where((predicts > cfg_interval)[..., None], cond, uncond)
+
+
 class DraftScorer:
     """Runs the drafter on partial trees and turns its logits into guided draft distributions.
-    rows = 2B with guidance ([cond; uncond] halves), else B."""
+    rows = 2B with guidance ([cond; uncond] halves), else B. With cfg_interval >= 0, logits that predict a
+    token index past cfg_interval are not guided (LlamaGen's cfg_interval)."""
 
-    def __init__(self, drafter, B: int, guided: bool, cfg_scale, positions_base: torch.Tensor, max_pos: int):
+    def __init__(self, drafter, B: int, guided: bool, cfg_scale, positions_base: torch.Tensor, max_pos: int,
+                 cfg_interval: int = -1):
         self.drafter, self.B, self.guided, self.cfg_scale = drafter, B, guided, cfg_scale
         self.positions_base, self.max_pos = positions_base, max_pos  # [B] raster index of the root
+        self.cfg_interval = cfg_interval
         self.forwards = 0
 
-    def guide(self, logits: torch.Tensor) -> torch.Tensor:
-        """[rows, ..., V] -> [B, ..., V]"""
+    def guide(self, logits: torch.Tensor, predicts: torch.Tensor) -> torch.Tensor:
+        """logits [rows, ..., V]; predicts [B, ...] the token index each row of logits predicts -> [B, ..., V]"""
         if not self.guided:
             return logits
-        cond, uncond = logits[: self.B], logits[self.B :]
+        cond, uncond = logits[: self.B], unguided_past_interval(logits[: self.B], logits[self.B :], predicts,
+                                                                self.cfg_interval)
         s = self.cfg_scale
         if isinstance(s, torch.Tensor):
             s = s.view(-1, *([1] * (cond.dim() - 1)))
@@ -73,7 +88,7 @@ class DraftScorer:
         logits, state = self.drafter.expand(self.rows(tokens), self.rows(parents), parent_state,
                                             self.rows(positions))
         self.forwards += 1
-        return self.guide(logits), state
+        return self.guide(logits, self.positions_base[:, None] + depth + 1), state
 
 
 def _gather_state(root_state, node_state, parents):
