@@ -61,8 +61,8 @@ def _kth_distance_bits(codes, codes_t, row_ids, row_ok, V, K, D: tl.constexpr, B
     digits = tl.arange(0, 1 << RADIX).to(tl.uint32)  # [16] candidate digits
     prefix = tl.zeros([R], dtype=tl.uint32)  # bits of D* fixed so far
     below = tl.zeros([R], dtype=tl.int32)  # count(bits < prefix), always < K
-    for p in tl.static_range(PASSES):
-        shift: tl.constexpr = 32 - (p + 1) * RADIX
+    for p in range(PASSES):  # not unrolled: one copy of the pass keeps compile time down
+        shift = 32 - (p + 1) * RADIX
         thresholds = prefix[:, None] + (digits[None, :] << shift)  # [R, 16]; no overflow (see module doc)
         counts = tl.zeros([R, 1 << RADIX], dtype=tl.int32)  # [R, 16] count(bits < threshold)
         for c0 in range(0, V, BLOCK_C):
