@@ -130,8 +130,9 @@ def _order_rows(codes, out, row_ids, row_ok, K, D: tl.constexpr, KP: tl.constexp
 
 
 def _autotune_configs():
+    # rows share each column tile's loads; [BLOCK_R, BLOCK_C, 16] counts bound the registers
     gpu = [triton.Config({"BLOCK_R": r, "BLOCK_C": c}, num_warps=w)
-           for r in (16, 32) for c in (32, 64) for w in (4, 8)]
+           for r, c, w in ((16, 32, 4), (16, 64, 4), (32, 32, 8), (32, 64, 8))]
     return configs(gpu, triton.Config({"BLOCK_R": 64, "BLOCK_C": 256}, num_warps=4))
 
 
