@@ -170,9 +170,9 @@ def _top_k_threshold(p_row, V, top_k, BLOCK_V: tl.constexpr, BITS: tl.constexpr)
     BINS: tl.constexpr = 1 << BITS
     bins = tl.arange(0, BINS)
     prefix = tl.full((), 0, tl.int64)
-    remaining = top_k.to(tl.int64)  # rank still to find inside the current key range
-    for level in tl.static_range(32 // BITS):
-        shift: tl.constexpr = 32 - BITS * (level + 1)
+    remaining = tl.full((), 0, tl.int64) + top_k  # rank still to find inside the current key range
+    for level in range(0, 32 // BITS):  # a runtime loop: 8 unrolled copies made the kernel slow to compile
+        shift = 32 - BITS * (level + 1)
         hist = tl.full((BINS,), 0, tl.int64)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
@@ -194,8 +194,8 @@ def _top_p_min_key(p_row, V, l_max, z, threshold, top_p, BLOCK_V: tl.constexpr, 
     bins = tl.arange(0, BINS)
     prefix = tl.full((), 0, tl.int64)
     above = tl.full((), 0, tl.float64)  # mass of keys above the current range
-    for level in tl.static_range(32 // BITS):
-        shift: tl.constexpr = 32 - BITS * (level + 1)
+    for level in range(0, 32 // BITS):  # a runtime loop: 8 unrolled copies made the kernel slow to compile
+        shift = 32 - BITS * (level + 1)
         count = tl.full((BINS,), 0, tl.int32)
         mass = tl.full((BINS,), 0, tl.float64)
         for start in range(0, V, BLOCK_V):
@@ -399,17 +399,26 @@ def _sampling_walk(lc_row, lu_row, draft_row, tok_row, par_row, nbrs, p_row, q_r
                    NODE_BUDGET: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr):
     """SPEC §3; returns (accept_len, next_token)."""
     node = tl.full((), 0, tl.int64)
-    _enter_node(lc_row, lu_row, p_row, node, V, cfg, temperature, top_k, top_p, False, HAS_UNCOND, BLOCK_V, BITS)
-    if SAMPLED:
-        _load_draft(draft_row, q_row, V, BLOCK_V)
+    need_target = tl.full((), 1, tl.int32)  # P_node must be (re)computed before the next test
     moved = tl.full((), 0, tl.float32)  # M, in P_node's scale
     undecided = tl.full((), 1.0, tl.float32)  # R
     has_mass = tl.full((), 1, tl.int32)
     accepted = tl.full((), 0, tl.int64)
     accept_c0 = tl.full((), -2147483648, tl.int32).to(tl.uint32, bitcast=True)
-    for c_index in range(1, T):
+    # Iteration c tests node c; P_node is entered at the start of the iteration after the root or an
+    # accept, and once more at c = T when the residual has no mass: one inlined copy of _enter_node.
+    for c_index in range(0, T + 1):
         c = tl.full((), 0, tl.int64) + c_index
-        if tl.load(par_row + c) == node:
+        if (need_target != 0) | ((c == T) & (has_mass == 0)):
+            _enter_node(lc_row, lu_row, p_row, node, V, cfg, temperature, top_k, top_p, False, HAS_UNCOND,
+                        BLOCK_V, BITS)
+            if SAMPLED:
+                _load_draft(draft_row + node * V, q_row, V, BLOCK_V)
+            need_target = tl.full((), 0, tl.int32)
+        is_candidate = (c >= 1) & (c < T)
+        if is_candidate:
+            is_candidate = tl.load(par_row + c) == node
+        if is_candidate:
             x = tl.minimum(tl.maximum(tl.load(tok_row + c), 0), V - 1)
             p_x = tl.load(p_row + x)
             if LAMBDA:
@@ -435,10 +444,7 @@ def _sampling_walk(lc_row, lu_row, draft_row, tok_row, par_row, nbrs, p_row, q_r
                 tl.store(path_row + accepted, c)
                 accepted += 1
                 node = c
-                _enter_node(lc_row, lu_row, p_row, node, V, cfg, temperature, top_k, top_p, False, HAS_UNCOND,
-                            BLOCK_V, BITS)
-                if SAMPLED:
-                    _load_draft(draft_row + node * V, q_row, V, BLOCK_V)
+                need_target = tl.full((), 1, tl.int32)
                 moved = tl.full((), 0, tl.float32)
                 undecided = tl.full((), 1.0, tl.float32)
                 has_mass = tl.full((), 1, tl.int32)
@@ -460,8 +466,6 @@ def _sampling_walk(lc_row, lu_row, draft_row, tok_row, par_row, nbrs, p_row, q_r
                 moved = moved + undecided * mass
                 undecided = undecided * total
                 has_mass = (total > 0).to(tl.int32)
-    if has_mass == 0:  # a residual without mass (rounding only): sample from P_node
-        _enter_node(lc_row, lu_row, p_row, node, V, cfg, temperature, top_k, top_p, False, HAS_UNCOND, BLOCK_V, BITS)
     return accepted, _race(p_row, V, seed, node, row, offset, BLOCK_V)
 
 
@@ -609,7 +613,7 @@ def _verify_kernel(logits, uncond, draft, tokens, parents, nbrs, cfg_scale, temp
 
 # ---- launch ----------------------------------------------------------------------------------------------
 
-GPU_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w) for bv in (1024, 2048, 4096) for w in (4, 8)]
+GPU_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w) for bv in (1024, 2048) for w in (4, 8)]
 _autotuned = triton.autotune(GPU_CONFIGS, key=["V", "HAS_UNCOND", "SAMPLED"])(_verify_kernel)
 
 
@@ -661,7 +665,8 @@ def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_
                  NODE_BUDGET=budget == "node" and lam is None, BLOCK_K=triton.next_power_of_2(max(1, min(k, MAX_BLOCK_K))),
                  BLOCK_T=triton.next_power_of_2(T), BITS=radix_bits or RADIX_BITS)
     if _interpreting():  # one config: the interpreter runs every program in Python
-        _verify_kernel[(B,)](*args, **flags, BLOCK_V=min(triton.next_power_of_2(V), 1024))
+        with np.errstate(divide="ignore", invalid="ignore"):  # tl.where evaluates both sides (e / 0 masked)
+            _verify_kernel[(B,)](*args, **flags, BLOCK_V=min(triton.next_power_of_2(V), 1024))
     else:
         _autotuned[(B,)](*args, **flags)
     return VerifyResult(accept_len, path, next_token, status)

@@ -63,6 +63,10 @@ def backend_verify(backend: str) -> Callable:
     return replayed
 
 
+def is_replayed(verify: Callable) -> bool:
+    return getattr(verify, "draws", None) is not None
+
+
 def draws_for(verify: Callable) -> int:
     """Rows per statistical call: DRAWS, or REPLAY_DRAWS for a replayed backend."""
     return getattr(verify, "draws", DRAWS)
