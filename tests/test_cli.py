@@ -33,7 +33,6 @@ def test_same_seed_same_picture(tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
-@pytest.mark.skipif(not (TINY_DIR / "drafter.safetensors").exists(), reason="the tiny drafter is not trained")
 def test_generate_lantern_reports_speculative_figures(tmp_path):
     js = tmp_path / "run.json"
     stdout = lantern_cli("generate", "--method", "lantern", "--classes", "1", "--per-class", "2", "--k", "100",
