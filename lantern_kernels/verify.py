@@ -667,6 +667,6 @@ def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_
     if _interpreting():  # one config: the interpreter runs every program in Python
         with np.errstate(divide="ignore", invalid="ignore"):  # tl.where evaluates both sides (e / 0 masked)
             _verify_kernel[(B,)](*args, **flags, BLOCK_V=min(triton.next_power_of_2(V), 1024))
-    else:
-        _autotuned[(B,)](*args, **flags)
+    else:  # no FMA contraction: guidance and the node budget round as the reference's separate ops
+        _autotuned[(B,)](*args, **flags, enable_fp_fusion=False)
     return VerifyResult(accept_len, path, next_token, status)
