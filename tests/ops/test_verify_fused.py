@@ -201,16 +201,20 @@ def test_pinned_cases_agree_exactly(case):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("settings", [
+LLAMAGEN_SETTINGS = [
     dict(temperature=1.0, top_k=2000, k=1000, delta=0.1),                          # LANTERN sampling
     dict(temperature=1.0, top_k=2000, top_p=0.95, k=100, lam=2.0),                 # LANTERN++ (lambda)
     dict(temperature=1.0, top_k=0, k=1000, delta=0.1, budget="node"),             # node budget, no top-k
     dict(temperature=0.0, k=1000, delta=0.1),                                      # greedy
-], ids=["delta", "lambda-top-p", "node-budget", "greedy"])
-def test_llamagen_shaped_case(settings):
-    """V = 16384, T = 59 (an EAGLE-2-like dynamic tree), B = 2, CFG on, K = 1000 neighbours."""
+]
+LLAMAGEN_IDS = ["delta", "lambda-top-p", "node-budget", "greedy"]
+
+
+def llamagen_case(B: int, settings: dict):
+    """(args, kwargs) of a verify call at LlamaGen's shapes: V = 16384, T = 59 (an EAGLE-2-like dynamic tree),
+    CFG on, K = 1000 neighbours; drafts are the parent's argmax except every sixth node (a random token)."""
     g = torch.Generator().manual_seed(5)
-    B, T, V, K = 2, 59, 16384, 1000
+    T, V, K = 59, 16384, 1000
     logits = torch.randn(B, T, V, generator=g) * 3
     uncond = torch.randn(B, T, V, generator=g) * 3
     parents = torch.tensor([-1] + [0 if i % 6 == 1 else i - 1 for i in range(1, T)]).expand(B, T).contiguous()
@@ -218,9 +222,13 @@ def test_llamagen_shaped_case(settings):
     tokens = guided.gather(1, parents.clamp(min=0)[:, :, None].expand(B, T, V)).argmax(-1)  # parent's argmax
     tokens[:, 1::6] = torch.randint(V, (B, len(range(1, T, 6))), generator=g)
     nbrs = random_neighbours(np.random.default_rng(5), V, K)
-    args = (logits, tokens, parents, nbrs)
-    kwargs = dict(uncond_logits=uncond, cfg_scale=3.0, seed=9, offset=4, **settings)
-    want, got = run_both(args, kwargs)
+    return (logits, tokens, parents, nbrs), dict(uncond_logits=uncond, cfg_scale=3.0, seed=9, offset=4, **settings)
+
+
+@pytest.mark.parametrize("settings", LLAMAGEN_SETTINGS, ids=LLAMAGEN_IDS)
+def test_llamagen_shaped_case(settings):
+    """B = 2 at LlamaGen's shapes (see llamagen_case)."""
+    want, got = run_both(*llamagen_case(2, settings))
     for a, b in zip(want, got):
         assert torch.equal(a, b)
 

@@ -23,7 +23,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from test_verify_bad_input import BAD_VERIFY, call_verify  # noqa: E402  (tests/ops is on sys.path under pytest)
-from test_verify_fused import random_case, random_neighbours, rows_agree  # noqa: E402
+from test_verify_fused import LLAMAGEN_IDS, LLAMAGEN_SETTINGS, llamagen_case, random_case, rows_agree  # noqa: E402
 
 kv = pytest.importorskip("lantern_kernels.verify")
 
@@ -195,23 +195,8 @@ def test_bad_input_raises(override, exc, match):
 # ---- LlamaGen shapes (GPU only) ------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("settings", [
-    dict(temperature=1.0, top_k=2000, k=1000, delta=0.1),
-    dict(temperature=1.0, top_k=2000, top_p=0.95, k=100, lam=2.0),
-    dict(temperature=1.0, top_k=0, k=1000, delta=0.1, budget="node"),
-    dict(temperature=0.0, k=1000, delta=0.1),
-], ids=["delta", "lambda-top-p", "node-budget", "greedy"])
+@pytest.mark.parametrize("settings", LLAMAGEN_SETTINGS, ids=LLAMAGEN_IDS)
 def test_llamagen_shapes_on_gpu(settings):
-    """V = 16384, T = 59 (an EAGLE-2-like dynamic tree), B = 8, CFG on, K = 1000 neighbours."""
-    g = torch.Generator().manual_seed(5)
-    B, T, V, K = 8, 59, 16384, 1000
-    logits = torch.randn(B, T, V, generator=g) * 3
-    uncond = torch.randn(B, T, V, generator=g) * 3
-    parents = torch.tensor([-1] + [0 if i % 6 == 1 else i - 1 for i in range(1, T)]).expand(B, T).contiguous()
-    guided = uncond + 3.0 * (logits - uncond)
-    tokens = guided.gather(1, parents.clamp(min=0)[:, :, None].expand(B, T, V)).argmax(-1)  # parent's argmax
-    tokens[:, 1::6] = torch.randint(V, (B, len(range(1, T, 6))), generator=g)
-    nbrs = random_neighbours(np.random.default_rng(5), V, K)
-    want, got = run_both((logits, tokens, parents, nbrs), dict(uncond_logits=uncond, cfg_scale=3.0, seed=9,
-                                                               offset=4, **settings))
+    """B = 8 at LlamaGen's shapes (see test_verify_fused.llamagen_case)."""
+    want, got = run_both(*llamagen_case(8, settings))
     assert rows_agree(want, got).mean() >= 7 / 8  # float32 on both sides; rounding may flip a rare row
