@@ -1,19 +1,15 @@
 """The decoding loop with ``lantern.enable_fused("triton")`` emits the same tokens as the reference for a
 fixed seed, on the shipped tiny model (GPT-tiny: 4 layers, 4 heads, Dh 64, 1024-code VQ, 8 x 8 tokens).
 
-Reduced run, because the interpreter executes every Triton program in Python (a full-size run of the four
-settings took 4 minutes): the target is the tiny GPT cut to its first 2 layers (trained embeddings, norm
-and output head kept), the drafter its first layer (a GPTDrafter, as tests/decoding/test_spec.py builds
-drafters), 2 class labels, small trees, and each run stops after the first LENGTH = 10 of the 64 tokens
-(``length=``). The drafter agrees with the target often enough that trees are partly accepted, so the rows'
+Reduced image, because the interpreter executes every Triton program in Python (a full-size run of the four
+settings took 4 minutes): the shipped target and its shipped EAGLE drafter, 2 class labels, small trees,
+and each run stops after the first LENGTH = 10 of the 64 tokens (``length=``). The drafter agrees with the target often enough that trees are partly accepted, so the rows'
 cache lengths become ragged, verify walks real trees and compact_kv moves real paths. Runs only under the
 interpreter (CPU tensors): the loop's bookkeeping lives on the CPU; on a GPU the kernel tests cover the ops.
 
 The ops that run fused are counted, and must be exactly the ops lantern_kernels implements."""
 from __future__ import annotations
 
-import copy
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -21,10 +17,9 @@ import torch
 
 import lantern
 from lantern import _backend
-from lantern.models.drafter import GPTDrafter
 from lantern.ops import fused_triton
 from lantern.ops.reference.latent_neighbours import latent_neighbours as reference_neighbours
-from lantern.pretrained import load_tiny
+from lantern.pretrained import load_tiny, load_tiny_drafter
 
 pytest.importorskip("triton")
 if not fused_triton.interpreting():
@@ -46,15 +41,7 @@ SETTINGS = {
 def models():
     tiny = load_tiny()
     table = reference_neighbours(tiny.vq.quantize.embedding.weight, 8, normalize=True)  # [1024, 8]
-    return first_layers(tiny.gpt, 2), GPTDrafter(first_layers(tiny.gpt, 1)), table
-
-
-def first_layers(gpt, n_layer):
-    """A copy of ``gpt`` that keeps its first n_layer transformer blocks (and everything else)."""
-    model = copy.deepcopy(gpt)
-    model.layers = model.layers[:n_layer]
-    model.config = dataclasses.replace(gpt.config, n_layer=n_layer)
-    return model.eval()
+    return tiny.gpt, load_tiny_drafter(tiny.gpt), table
 
 
 def run(models, setting):
