@@ -6,12 +6,10 @@ order the in-place phases are there."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from triton_compile import run_compile_script
 
 triton = pytest.importorskip("triton")
 
@@ -53,12 +51,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def ptx():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr:
-        pytest.skip("triton's ptxas is not available on this machine")
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(run_compile_script(SCRIPT, timeout=600).strip().splitlines()[-1])
 
 
 def test_every_kernel_compiles_for_sm90(ptx):

@@ -4,12 +4,10 @@ them), with the options the launch uses; the PTX has the barriers that order the
 fused multiply-add (guidance and the node budget must round as the reference's separate operations)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from triton_compile import run_compile_script
 
 pytest.importorskip("triton")
 
@@ -36,12 +34,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def ptx():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr:
-        pytest.skip("triton's ptxas is not available on this machine")
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
+    return run_compile_script(SCRIPT, timeout=900)
 
 
 def test_verify_compiles_for_sm90_with_the_gpu_radix_width(ptx):
