@@ -113,3 +113,6 @@ def test_greedy_spec_with_cfg_interval_reproduces_greedy_ar(target, cfg_interval
         got, _ = generate_spec(target, drafters(target)[drafter_name], labels, config=TREES[2], cfg_scale=3.0,
                                temperature=0.0, cfg_interval=cfg_interval)
         assert torch.equal(got, want)
+    unguided, _ = generate_spec(target, drafters(target)["small"], labels, config=TREES[2], temperature=0.0,
+                                cfg_interval=cfg_interval)  # no guidance at all: the interval changes nothing
+    assert torch.equal(unguided, generate_ar(target, labels, temperature=0.0))

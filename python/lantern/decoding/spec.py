@@ -157,9 +157,10 @@ def _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperat
                                 tree_mask=rep(mask), return_hidden=True)
         stats.target_forwards += 1
         # 4. verify
-        uncond = unguided_past_interval(logits[:B], logits[B:], n_done[:, None] + tree.depth, cfg_interval)
+        uncond = (unguided_past_interval(logits[:B], logits[B:], n_done[:, None] + tree.depth, cfg_interval)
+                  if guided else None)
         result = ops.verify(logits[:B], tree.tokens, tree.parents, neighbours if relaxed else None,
-                            uncond_logits=uncond if guided else None, cfg_scale=cfg_scale,
+                            uncond_logits=uncond, cfg_scale=cfg_scale,
                             temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=tree.draft_probs,
                             k=config.k if relaxed else 0, delta=config.delta if relaxed else 0.0,
                             lam=config.lam if relaxed else None, budget=config.budget if relaxed else "candidate",
