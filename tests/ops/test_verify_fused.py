@@ -133,18 +133,23 @@ def test_cpu_is_routed():
         assert lantern._backend.resolve("verify", torch.device("cpu")) is fused_cpu.verify
 
 
-def test_agreement_on_random_cases():
-    """>= 99.9 % of rows agree exactly (accept_len, path, next_token, node_status) over many random cases."""
+def agreement(run, cases):
+    """run(args, kwargs) -> (reference, fused) results; cases: {seed: (args, kwargs)} ->
+    (rows that agree exactly, rows, seeds of the cases with a mismatch)."""
     rows = agree = 0
     bad = []
-    for seed in range(150):
-        args, kwargs = random_case(seed)
-        want, got = run_both(args, kwargs)
-        same = rows_agree(want, got)
+    for seed, (args, kwargs) in cases.items():
+        same = rows_agree(*run(args, kwargs))
         rows += len(same)
         agree += int(same.sum())
         if not same.all():
             bad.append(seed)
+    return agree, rows, bad
+
+
+def test_agreement_on_random_cases():
+    """>= 99.9 % of rows agree exactly (accept_len, path, next_token, node_status) over many random cases."""
+    agree, rows, bad = agreement(run_both, {seed: random_case(seed) for seed in range(150)})
     rate = agree / rows
     print(f"verify cpu vs reference: {agree}/{rows} rows agree ({100 * rate:.3f} %), cases with a mismatch: {bad}")
     assert rows > 2000

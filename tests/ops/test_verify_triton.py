@@ -23,7 +23,8 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from test_verify_bad_input import BAD_VERIFY, call_verify  # noqa: E402  (tests/ops is on sys.path under pytest)
-from test_verify_fused import LLAMAGEN_IDS, LLAMAGEN_SETTINGS, llamagen_case, random_case, rows_agree  # noqa: E402
+from test_verify_fused import (LLAMAGEN_IDS, LLAMAGEN_SETTINGS, agreement, llamagen_case,  # noqa: E402
+                               random_case, rows_agree)
 
 kv = pytest.importorskip("lantern_kernels.verify")
 
@@ -110,17 +111,8 @@ def test_philox_matches_reference_bit_for_bit():
 def test_agreement_on_random_cases():
     """>= 99.9 % of rows agree exactly (accept_len, path, next_token, node_status) over random cases (B <= 6
     rows each, to keep the interpreter's time down)."""
-    rows = agree = 0
-    bad = []
-    for seed in range(36):
-        B = int(np.random.default_rng(seed + 10_000).integers(1, 7))
-        args, kwargs = random_case(seed, B=B)
-        want, got = run_both(args, kwargs)
-        same = rows_agree(want, got)
-        rows += len(same)
-        agree += int(same.sum())
-        if not same.all():
-            bad.append(seed)
+    cases = {seed: random_case(seed, B=int(np.random.default_rng(seed + 10_000).integers(1, 7))) for seed in range(36)}
+    agree, rows, bad = agreement(run_both, cases)
     rate = agree / rows
     print(f"verify triton vs reference: {agree}/{rows} rows agree ({100 * rate:.3f} %), cases with a mismatch: {bad}")
     assert rows > 100
