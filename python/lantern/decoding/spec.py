@@ -81,7 +81,7 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     L = check_length(length, target.config.block_size)
     # the loop creates its bookkeeping tensors on the default device; a torch.device context would make it
     # the model's, but it intercepts every torch call (~10 % of a CPU run), so it is entered only when needed
-    same = torch.empty(0).device == device
+    same = torch.get_default_device() == device
     with contextlib.nullcontext() if same else torch.device(device):
         return _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperature, top_k, top_p,
                          seed, on_step, L, cfg_interval)
