@@ -4,8 +4,8 @@ Importing this module registers, for each op the extension implements:
 - a fake (meta) implementation, so ``torch.compile`` can trace the op without running it;
 - a ``_backend`` wrapper for "cpu" and "cuda" that adapts the public op's arguments to the op schema.
 If ``lantern._C`` cannot be imported, both backends report why they are unavailable and nothing else runs.
-verify, latent_neighbours and tree_attention have CPU kernels only so far (registered for "cpu"; "cuda" runs
-the reference for them until csrc/cuda implements them).
+Every op has a kernel for both device keys (csrc/cpu/<op>.cpp, csrc/cuda/<op>.cu); the wrappers below are the
+same for both backends, torch's dispatcher picks the kernel from the tensors' device.
 """
 from __future__ import annotations
 
@@ -128,7 +128,8 @@ if _C is not None:
             _seed_tensor(seed, dev), _offset_tensor(offset, dev))
         return VerifyResult(*out)
 
-    _backend.register("cpu", "verify")(verify)
+    for _name in ("cpu", "cuda"):
+        _backend.register(_name, "verify")(verify)
 
     # ---- latent_neighbours (SPEC §2) and tree_attention (SPEC §6) -------------------------------------
 
@@ -148,5 +149,6 @@ if _C is not None:
         """q [B, H, T, Dh], k/v_cache [B, Hkv, Lmax, Dh], cache_len int64 [B], tree_mask int32 [B, T, W]."""
         return torch.ops.lantern.tree_attention(q, k_cache, v_cache, cache_len, tree_mask)
 
-    _backend.register("cpu", "latent_neighbours")(latent_neighbours)
-    _backend.register("cpu", "tree_attention")(tree_attention)
+    for _name in ("cpu", "cuda"):
+        _backend.register(_name, "latent_neighbours")(latent_neighbours)
+        _backend.register(_name, "tree_attention")(tree_attention)
