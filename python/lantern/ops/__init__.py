@@ -1,5 +1,5 @@
 """Public ops. Each validates its arguments (so every backend raises the same errors), then runs the
-active backend's implementation (see ``lantern.enable_fused``). Semantics: SPEC.md (shared/spec)."""
+active backend's implementation (see ``lantern.enable_fused``). Semantics: docs/SPEC.md."""
 from __future__ import annotations
 
 from typing import Optional, Union
