@@ -1,6 +1,6 @@
 """The LlamaGen GPT (class- and text-conditional), gpt-fast style, with a static KV cache and one forward
 that serves prefill, AR decoding and tree verification. State-dict names, shapes and numerics match the
-official LlamaGen checkpoints (shared/spec/LLAMAGEN.md).
+official LlamaGen checkpoints (tests/models/test_gpt_state_dict.py).
 
 Sequence layout: [C condition tokens] + image tokens in raster order (C = 1 for c2i, 120 for t2i).
 Cache position of image token t (raster index t) is C + t once the prefix before it is committed.
