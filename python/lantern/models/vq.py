@@ -1,5 +1,5 @@
 """LlamaGen's VQ tokenizer (VQ-16: 16x downsampling, 16384 x 8 codebook), official key names, plus a
-tiny configuration that shares the code. Stays float32. See shared/spec/LLAMAGEN.md.
+tiny configuration that shares the code. Stays float32. Key names: tests/models/test_gpt_state_dict.py.
 
 Key layout (VQ-16): encoder.{conv_in, conv_blocks.{0..4}.{res.{j}, attn.{j}, downsample.conv}, mid.{0,1,2},
 norm_out, conv_out}; decoder.{conv_in, mid.{0,1,2}, conv_blocks.{0..4}.{res.{j}, attn.{j}, upsample.conv},
