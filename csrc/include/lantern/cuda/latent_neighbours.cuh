@@ -4,7 +4,9 @@
 // Order. Candidate y of row x is ranked by the uint64 key (float32 bits of dist(x, y)) << 32 | y, as in the
 // reference and the CPU kernel: for dist >= 0 (+inf included) the bits increase with the value, so key order
 // is (dist, y) order and keys are unique. x itself gets the key UINT64_MAX, the unique largest (y < 2^31),
-// so it is never among the K <= V - 1 smallest, whatever the codebook holds.
+// so it is never among the K <= V - 1 smallest, whatever the codebook holds. (A NaN distance, possible only
+// for a non-finite codebook, which lantern.ops rejects, would rank differently from the reference's signed
+// view of the bits; the kernel stays in bounds either way.)
 //
 // Exactness. dist = sum_j (c_xj - c_yj)^2 is accumulated as the reference does, acc = 0; for j in order:
 // acc += diff * diff, in float32 with __fsub_rn / __fmul_rn / __fadd_rn so no FMA contraction changes a
@@ -25,19 +27,22 @@
 //    appended to a shared buffer with warp-aggregated atomics, in any order.
 // 4. Bitonic sort of the n keys (padded with UINT64_MAX to a power of two) in shared memory; the low 32
 //    bits (ids) are written to out[x, start .. start + n), nearest first.
-// Segments of seg_cap = min(next_pow2(K), kNbrMaxSegment) outputs repeat 2-4 until K ids are written, so
-// every K in [1, V - 1] works; K <= kNbrMaxSegment is a single segment. Memory: the [V, K] output plus
+// Steps 2-4 run once per segment of seg_cap = min(next_pow2(K), kNbrMaxSegment) outputs until K ids are
+// written, so every K in [1, V - 1] works; K <= kNbrMaxSegment is a single segment. Memory: the [V, K] output plus
 // per-CTA shared memory (8 seg_cap bytes, + 4 V when kCached, + ~1.1 KiB); nothing O(V^2).
 //
-// Resources (nvcc 13.0, -O3, -Xptxas -v; 0 spill bytes in every instance; static smem 1040 bytes):
-//   registers/thread           sm_80                 sm_90
-//   kCached = true          float 32, others 32    float 32, others 32
-//   kCached = false         float 40, double 40    float 40, double 40
-//                           half/bf16 38           half/bf16 38
+// Resources (nvcc 13.0, -O3, -Xptxas -v, __launch_bounds__(512, 3); 0 spill bytes in every instance;
+// static shared memory 1040 bytes):
+//   registers/thread            float  double  half  bf16
+//   sm_80  kCached = true         28     32     28    28
+//   sm_80  kCached = false        31     36     39    37
+//   sm_90  kCached = true         38     38     38    38
+//   sm_90  kCached = false        34     40     34    34
 // Theoretical occupancy at V = 16384, K = 1000 (kCached, seg_cap 1024: 8 KiB + 64 KiB dynamic + 1 KiB
 // static + 1 KiB reserved = 74 KiB per CTA of 512 threads): sm_80 (A100, 164 KiB/SM) 2 CTAs = 1024 threads
-// = 50%; sm_90 (H100, 228 KiB/SM) 3 CTAs = 1536 threads = 75%. Shared memory is the limit there; registers
-// (<= 40) allow 3 CTAs of 512 threads. Uncached (large V): 8-32 KiB smem, 3-4 CTAs = 75-100% on both.
+// = 50%; sm_90 (H100, 228 KiB/SM) 3 CTAs = 1536 threads = 75%; shared memory is the limit (registers,
+// <= 40, allow 3 CTAs). The distances are cached up to V = 39420 (A100) / 55804 (H100) at K <= 1024.
+// Uncached (larger V): 9-34 KiB of shared memory, 3 CTAs = 75% (4 = 100% for float on sm_80, 31 registers).
 #pragma once
 
 #include <cuda_bf16.h>
