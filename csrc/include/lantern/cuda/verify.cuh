@@ -18,9 +18,19 @@
 // accept_len = -1, next_token = -1, path = -1 and node_status = -1 for that row and stops; it never reads
 // or writes out of bounds.
 //
-// Launch: NT = kVerifyThreads = 512 threads per block, grid = B. Measured with -Xptxas -v (nvcc 13.0):
-// see docs/cuda.md for registers, shared memory and occupancy at sm_80 and sm_90.
-// Split-V (several blocks per row when B is small) is not implemented: see docs/cuda.md.
+// Launch: grid = B, NT = kVerifyThreads = 512 threads per block, __launch_bounds__(512, 1). 512 is the
+// widest block that keeps this kernel free of spills: at 1024 threads a block may use only 64 registers
+// and ptxas spills (it did at 64 registers on sm_80); a vocabulary pass at V = 16384 is then 32 elements per
+// thread and a radix scan 4 bins per thread. -Xptxas -v (nvcc 13.0, -O3), 0 bytes spilled in all 12
+// instances (6 type combinations x 2 archs):
+//             registers/thread          static shared memory/block    blocks/SM  occupancy (warps)
+//   sm_80     110 (float), 126 (double)  27 280 B (float), 29 328 B   1          16/64 = 25 %
+//   sm_90     114 (float), 109 (double)  27 280 B (float), 29 328 B   1          16/64 = 25 %
+// (registers limit it: 512 x 110..126 > 32 768, so a second block does not fit in the 64 K register file;
+// shared memory alone would allow 5-8 blocks). One block per row is at most one block per SM anyway
+// whenever B <= #SMs, the common case.
+// Split-V (several blocks per row when B is small, e.g. B = 1 on a 132-SM H100) is not implemented; what it
+// would need is in docs/cuda.md.
 #pragma once
 
 #include <cstdint>
