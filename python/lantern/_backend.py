@@ -4,12 +4,19 @@ Every public op in ``lantern.ops`` is a thin function that asks this module whic
 The reference implementation (pure PyTorch, ``lantern.ops.reference``) is always available and is the
 readable definition of each op. Fused backends register the ops they implement; an op a backend does
 not implement yet runs the reference, and ``fused_ops()`` says which ones are fused.
+
+Before a fused kernel first runs an op on a device, ``resolve`` compares it with the reference on a few tiny
+cases (``lantern.ops.self_check``; docs/self_check.md). A kernel that disagrees is never used for that op on
+that device again in the process: "auto" moves on to its next candidate, an explicit backend runs the
+reference. ``LANTERN_SELF_CHECK=0`` turns the check off.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
-from typing import Callable, Dict, Iterator, Optional
+import warnings
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -21,6 +28,13 @@ _REGISTRY: Dict[str, Dict[str, Callable]] = {"reference": {}, "cpu": {}, "cuda":
 _AVAILABILITY: Dict[str, Callable[[], Optional[str]]] = {}
 
 _state = threading.local()
+
+# (backend, op name, device such as "cpu" or "cuda:0") -> None if the kernel agreed with the reference in its
+# self-check, else the mismatch; written once per key, under _self_check_lock (re-entrant, so a kernel that
+# calls lantern.ops during its check cannot deadlock; _checking holds the keys in progress, which pass)
+_self_checks: Dict[Tuple[str, str, str], Optional[str]] = {}
+_self_check_lock = threading.RLock()
+_checking: set = set()
 
 
 def register(backend: str, op_name: str) -> Callable[[Callable], Callable]:
@@ -98,7 +112,7 @@ def resolve(op_name: str, device: torch.device) -> Callable:
     if backend == "auto":
         for name in _auto_candidates(device):
             impl = _REGISTRY[name].get(op_name)
-            if impl is not None and _why_unavailable(name) is None:
+            if impl is not None and _why_unavailable(name) is None and _passes_self_check(name, op_name, device):
                 return impl
         return _REGISTRY["reference"][op_name]
     impl = _REGISTRY[backend].get(op_name)
@@ -110,7 +124,86 @@ def resolve(op_name: str, device: torch.device) -> Callable:
             f"backend '{backend}' runs {op_name} on {expected} tensors, got tensors on {device}; "
             f"move the inputs or choose another backend"
         )
+    if not _passes_self_check(backend, op_name, device):
+        return _REGISTRY["reference"][op_name]
     return impl
+
+
+def _self_check_enabled() -> bool:
+    return os.environ.get("LANTERN_SELF_CHECK", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _device_key(device: torch.device) -> Optional[str]:
+    """The cache key of a device ("cpu", "cuda:0"); None for a device no tensor can be made on here."""
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda" and torch.cuda.is_available():
+        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+    return None
+
+
+def _passes_self_check(backend: str, op_name: str, device: torch.device) -> bool:
+    """Whether ``backend``'s kernel for ``op_name`` may run on ``device``: its self-check, run on first use
+    and cached, found no mismatch. While torch.compile (or export) traces, no check can run (the checker
+    needs real tensors): a cached verdict applies, an unchecked kernel is used unchecked."""
+    if not _self_check_enabled():
+        return True
+    device_key = _device_key(device)
+    if device_key is None:
+        return True
+    key = (backend, op_name, device_key)
+    if key in _self_checks:
+        return _self_checks[key] is None
+    if torch.compiler.is_compiling():
+        return True
+    return _run_self_check(key) is None
+
+
+def _run_self_check(key: Tuple[str, str, str]) -> Optional[str]:
+    from .ops import self_check
+
+    backend, op_name, device_key = key
+    with _self_check_lock:
+        if key in _self_checks:  # another thread checked it meanwhile
+            return _self_checks[key]
+        if key in _checking:  # reached again from inside its own check
+            return None
+        if op_name not in self_check.CASES:
+            raise RuntimeError(f"lantern self-check: no case for op '{op_name}' (add one to lantern.ops.self_check)")
+        _checking.add(key)
+        try:
+            mismatch = self_check.check(backend, op_name, torch.device(device_key))
+        finally:
+            _checking.discard(key)
+        _self_checks[key] = mismatch
+    if mismatch is not None:
+        warnings.warn(
+            f"lantern self-check: backend '{backend}' disagrees with the reference on {op_name} ({device_key}): "
+            f"{mismatch}. Its {op_name} is disabled on {device_key} for this process: backend 'auto' uses the "
+            f"next candidate (cuda -> triton -> reference), and backend '{backend}' runs the reference {op_name}. "
+            f"LANTERN_SELF_CHECK=0 turns the check off.",
+            RuntimeWarning, stacklevel=4)
+    return mismatch
+
+
+def self_check_report() -> Dict[Tuple[str, str, str], Optional[str]]:
+    """The self-checks run so far: (backend, op, device) -> None (agrees with the reference) or the
+    mismatch that disabled that kernel."""
+    return dict(_self_checks)
+
+
+def run_self_checks(device, backends=("cpu", "cuda", "triton")) -> Dict[Tuple[str, str, str], Optional[str]]:
+    """Run now (eagerly) the self-check of every fused op of each usable backend in ``backends`` that can run
+    on ``device`` — e.g. before torch.compile traces code that calls lantern.ops. Returns self_check_report()."""
+    _load_backends()
+    device = torch.device(device)
+    for backend in backends:
+        runs_here = {"cpu": device.type == "cpu", "cuda": device.type == "cuda",
+                     "triton": device.type == "cuda" or _triton_interpret()}[backend]
+        if runs_here and _why_unavailable(backend) is None:
+            for op_name in sorted(_REGISTRY[backend]):
+                _passes_self_check(backend, op_name, device)
+    return self_check_report()
 
 
 def fused_ops(backend: Optional[str] = None) -> Dict[str, bool]:
