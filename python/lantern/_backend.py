@@ -182,7 +182,7 @@ def _run_self_check(key: Tuple[str, str, str]) -> Optional[str]:
             f"{mismatch}. Its {op_name} is disabled on {device_key} for this process: backend 'auto' uses the "
             f"next candidate (cuda -> triton -> reference), and backend '{backend}' runs the reference {op_name}. "
             f"LANTERN_SELF_CHECK=0 turns the check off.",
-            RuntimeWarning, stacklevel=4)
+            RuntimeWarning, stacklevel=5)  # the caller of the public op
     return mismatch
 
 
