@@ -145,8 +145,9 @@ def _device_key(device: torch.device) -> Optional[str]:
 def _passes_self_check(backend: str, op_name: str, device: torch.device) -> bool:
     """Whether ``backend``'s kernel for ``op_name`` may run on ``device``: its self-check, run on first use
     and cached, found no mismatch. While torch.compile (or export) traces, no check can run (the checker
-    needs real tensors): a cached verdict applies, an unchecked kernel is used unchecked."""
-    if not _self_check_enabled():
+    needs real tensors): a cached verdict applies, an unchecked kernel is used unchecked. The reference is
+    never checked, nor is an op that has no self-check case."""
+    if backend == "reference" or not _self_check_enabled():
         return True
     device_key = _device_key(device)
     if device_key is None:
@@ -155,6 +156,10 @@ def _passes_self_check(backend: str, op_name: str, device: torch.device) -> bool
     if key in _self_checks:
         return _self_checks[key] is None
     if torch.compiler.is_compiling():
+        return True
+    from .ops import self_check
+
+    if op_name not in self_check.CASES:  # tests/ops/test_self_check.py requires a case for every fused op
         return True
     return _run_self_check(key) is None
 
@@ -168,8 +173,6 @@ def _run_self_check(key: Tuple[str, str, str]) -> Optional[str]:
             return _self_checks[key]
         if key in _checking:  # reached again from inside its own check
             return None
-        if op_name not in self_check.CASES:
-            raise RuntimeError(f"lantern self-check: no case for op '{op_name}' (add one to lantern.ops.self_check)")
         _checking.add(key)
         try:
             mismatch = self_check.check(backend, op_name, torch.device(device_key))

@@ -247,6 +247,28 @@ def test_the_check_leaves_the_global_rng_alone_and_never_calls_resolve(monkeypat
     assert torch.equal(torch.get_rng_state(), state)
 
 
+def test_the_reference_backend_is_never_checked(monkeypatch):
+    calls = []
+    for op_name, fn in list(_backend._REGISTRY["reference"].items()):
+        monkeypatch.setitem(_backend._REGISTRY["reference"], op_name, counting(fn, calls))
+    with lantern.fused("reference"):
+        for op_name in _backend._REGISTRY["reference"]:
+            assert _backend.resolve(op_name, CPU) is _backend._REGISTRY["reference"][op_name]
+    assert calls == [] and _backend.self_check_report() == {}
+    with lantern.fused("cpu"):  # an op the cpu backend does not fuse runs the reference, unchecked
+        for op_name in _backend._REGISTRY["reference"]:
+            _backend.resolve(op_name, CPU)
+    assert set(_backend.self_check_report()) == {("cpu", op, "cpu") for op in _backend._REGISTRY["cpu"]}
+
+
+def test_a_fused_op_without_a_case_runs_unchecked(monkeypatch):
+    """(test_every_fused_op_has_a_case keeps this from happening in the repository.)"""
+    monkeypatch.setitem(_backend._REGISTRY["cpu"], "ancestor_mask", verify_raises)
+    with lantern.fused("cpu"):
+        assert _backend.resolve("ancestor_mask", CPU) is verify_raises
+    assert _backend.self_check_report() == {}
+
+
 def test_a_bug_in_the_checker_propagates_and_is_not_cached(monkeypatch):
     def broken_reference(*args, **kwargs):
         raise ZeroDivisionError("checker bug")
