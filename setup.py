@@ -7,6 +7,8 @@ Install: ``pip install --no-build-isolation -e .`` (MAX_JOBS bounds the parallel
 """
 import glob
 import os
+import shlex
+import sys
 
 from setuptools import find_packages, setup
 
@@ -51,7 +53,17 @@ def extension():
         return CppExtension(**kwargs)
     kwargs["sources"] += _sources("csrc/cuda/*.cu")
     kwargs["define_macros"] = [("LANTERN_WITH_CUDA", "1")]
+    _keep_ptxas_reports()
     return CUDAExtension(**kwargs)
+
+
+def _keep_ptxas_reports():
+    """nvcc runs through tools/nvcc_ptxas_log.py (torch's ninja build honours PYTORCH_NVCC), which keeps
+    ptxas's report of each .cu (registers, stack, spills per kernel and arch) in build/ptxas/<file>.log for
+    tests/ops/test_cuda_build.py; the compile itself is unchanged. A PYTORCH_NVCC set by the caller wins."""
+    os.environ.setdefault("LANTERN_REAL_NVCC", os.path.join(CUDA_HOME, "bin", "nvcc"))
+    wrapper = os.path.join(ROOT, "tools", "nvcc_ptxas_log.py")
+    os.environ.setdefault("PYTORCH_NVCC", f"{shlex.quote(sys.executable)} {shlex.quote(wrapper)}")
 
 
 class BuildExt(BuildExtension.with_options(use_ninja=True)):
