@@ -1,13 +1,18 @@
-# lantern: make install | test | demo | bench | clean | distclean
+# lantern: make install | test | demo | bench | gpu-check | clean | distclean
 # install creates .venv (if missing), installs requirements.txt, then builds lantern._C in place (editable).
 # It is cheap the second time: a stamp file remembers the last install, redone when setup.py, pyproject.toml,
 # requirements.txt or a csrc/ file changes, or when the built extension is missing.
+# gpu-check (on a machine with a CUDA GPU) uses that machine's own $(PYTHON), torch, triton and CUDA toolkit, not
+# .venv and no network: it builds lantern in place (pip install --no-build-isolation --no-deps -e .), runs the
+# CUDA build checks, pytest -m gpu, python -m bench and compute-sanitizer (memcheck, racecheck) on one call of
+# each CUDA kernel, and writes bench/results/gpu-check/summary.json (tools/gpu_check.py; GPU_CHECK_ARGS passes
+# options, e.g. --quick-bench). It exits non-zero if any step failed, and at once without a GPU.
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.lantern-installed
 CSRC   := $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: install test demo bench clean distclean
+.PHONY: install test demo bench gpu-check clean distclean
 
 install: $(STAMP)
 
@@ -32,6 +37,9 @@ demo: install
 
 bench: install
 	$(VENV)/bin/python -m bench
+
+gpu-check:
+	$(PYTHON) -m tools.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build python/*.egg-info *.egg-info python/lantern/_C*.so $(STAMP)
