@@ -101,6 +101,7 @@ def main() -> int:
         print(f"sanitize_cuda_ops: no case for csrc/cuda/{missing}: add one to CASES", file=sys.stderr)
         return 1
     import lantern
+    import lantern._C  # noqa: F401 (registers the lantern:: ops and their kernels)
 
     no_kernel = [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key(f"lantern::{op}", "CUDA")]
     if no_kernel:
