@@ -108,12 +108,24 @@ LANTERN_HOST_DEVICE LANTERN_INLINE bool accepts_sampled(float u, Real q_x, Real 
   return static_cast<Real>(u) * q_x < p_tilde;
 }
 
+// a * b rounded on its own: nvcc contracts `c + a * b` into one FMA by default (the host build compiles with
+// -ffp-contract=off), which would round the node budget differently from the CPU and the reference.
+template <class Real>
+LANTERN_HOST_DEVICE LANTERN_INLINE Real product_rn(Real a, Real b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(Real) == sizeof(float)) return __fmul_rn(a, b);
+  else return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // The node budget after a rejection: mass = c_{m*}, residual_mass = the residual's total before normalising.
 template <class Real>
 LANTERN_HOST_DEVICE LANTERN_INLINE NodeBudget<Real> node_budget_after_reject(NodeBudget<Real> s, Real mass,
                                                                              Real residual_mass) {
-  const Real moved = s.moved + s.undecided * mass;
-  return {moved, s.undecided * residual_mass};
+  const Real moved = s.moved + product_rn(s.undecided, mass);
+  return {moved, product_rn(s.undecided, residual_mass)};
 }
 
 // Acceptance uniform of node c in row `row` (SPEC §5).
