@@ -43,11 +43,14 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                      help="ar: one target forward per token; spec: exact speculative decoding; lantern: "
                           "relaxed acceptance over latent neighbours (faster, bounded TV)")
     spec = p.add_argument_group("speculative decoding (--method spec | lantern)")
-    spec.add_argument("--tree", default="dynamic", choices=["chain", "static", "dynamic"],
-                      help="draft tree: chain, fixed static shape (sampled drafts), EAGLE-2 dynamic")
+    spec.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
+                      help="draft tree: auto (each step, the tree or plain AR step that the device's measured "
+                           "costs and the run's acceptance predict fastest), chain, fixed static shape (sampled "
+                           "drafts), EAGLE-2 dynamic")
     spec.add_argument("--draft", choices=["deterministic", "sampled"],
                       help="draft kind (default: sampled for static, deterministic otherwise)")
-    spec.add_argument("--depth", type=int, default=5, help="draft levels (chain length / EAGLE-2 expansions)")
+    spec.add_argument("--depth", type=int, default=5, help="draft levels (chain length / EAGLE-2 expansions; "
+                      "auto: the deepest candidate)")
     spec.add_argument("--nodes", type=int, default=58, help="EAGLE-2: drafted nodes kept per step")
     spec.add_argument("--k", type=int, default=1000, help="LANTERN: latent neighbours merged at most")
     spec.add_argument("--delta", type=float, default=0.1, help="LANTERN: total-variation budget")
@@ -56,6 +59,8 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                       help="delta per candidate (upstream) or per tree node (TV <= delta guaranteed)")
     spec.add_argument("--no-ar-baseline", action="store_true",
                       help="skip the AR run that measures speedup_vs_ar in the same process")
+    run.add_argument("--batch", type=int, metavar="N", help="generate N images at a time (default: all at once); "
+                     "batch i samples with seed + i, and the AR baseline uses the same batches")
     run.add_argument("--fused", metavar="BACKEND", help="enable fused ops: auto | cpu | cuda | triton")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     run.add_argument("--out", default="samples.png", metavar="PATH", help="PNG grid to write")
@@ -113,30 +118,44 @@ def run_generate(args: argparse.Namespace) -> int:
     top_k = args.top_k if args.top_k is not None else defaults.get("top_k", 0)
     classes = args.classes or (list(range(gpt.config.num_classes)) if args.model == "tiny" else LLAMAGEN_DEMO_CLASSES)
     labels = torch.tensor(classes, device=args.device).repeat_interleave(args.per_class)  # [B]
+    batch = _batch_size(args.batch, len(labels))
     L = gpt.config.block_size
     sampling = dict(cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p, seed=args.seed)
-    figures = dict(method=args.method, images=len(labels), tokens_per_image=L, **sampling, out=args.out)
+    figures = dict(method=args.method, images=len(labels), batch=batch, tokens_per_image=L, **sampling, out=args.out)
+    chunks = list(labels.split(batch))
+    seeds = [args.seed + i for i in range(len(chunks))]
+    options = {}
+    if args.method != "ar":
+        drafter, table = _drafter_and_table(args, gpt, vq)
+        options = dict(method=args.method, drafter=drafter, neighbours=table, tree=args.tree, k=args.k,
+                       delta=args.delta, lam=args.lam, budget=args.budget, cfg_interval=args.cfg_interval,
+                       depth=args.depth, n_nodes=args.nodes, draft=args.draft)
+        if args.tree == "auto":
+            options["cost_model"] = _cost_model(gpt, drafter, table, chunks[0], options, sampling, figures)
     bar = tqdm(total=len(labels) * L, desc=f"{args.method}: {len(labels)} images", disable=args.no_progress, unit="tok")
     t0 = time.perf_counter()
     if args.method == "ar":
-        tokens = generate_ar(gpt, labels, cfg_interval=args.cfg_interval, on_token=lambda s: bar.update(len(labels)),
-                             **sampling)
-        figures.update(tau=1.0, target_forwards=L, draft_forwards=0)
+        tokens = torch.cat([generate_ar(gpt, chunk, cfg_interval=args.cfg_interval,
+                                        on_token=lambda s, n=len(chunk): bar.update(n), **dict(sampling, seed=seed))
+                            for chunk, seed in zip(chunks, seeds)])
+        figures.update(tau=1.0, target_forwards=L * len(chunks), draft_forwards=0)
     else:
-        drafter, table = _drafter_and_table(args, gpt, vq)
-        tokens, stats = generate(gpt, labels, method=args.method, drafter=drafter, neighbours=table, tree=args.tree,
-                                 k=args.k, delta=args.delta, lam=args.lam, budget=args.budget,
-                                 cfg_interval=args.cfg_interval, depth=args.depth, n_nodes=args.nodes,
-                                 draft=args.draft, **sampling)
-        bar.update(len(labels) * L)
-        figures.update(tau=stats.tau, target_forwards=stats.target_forwards, draft_forwards=stats.draft_forwards,
-                       tree=args.tree, k=args.k, delta=args.delta, lam=args.lam, budget=args.budget)
+        parts, all_stats = [], []
+        for chunk, seed in zip(chunks, seeds):
+            part, stats = generate(gpt, chunk, **options, **dict(sampling, seed=seed))
+            parts.append(part)
+            all_stats.append(stats)
+            bar.update(len(chunk) * L)
+        tokens = torch.cat(parts)
+        figures.update(_spec_figures(all_stats), tree=args.tree, k=args.k, delta=args.delta, lam=args.lam,
+                       budget=args.budget)
     figures["wall_s"] = time.perf_counter() - t0
     bar.close()
     figures["tokens_per_s"] = len(labels) * L / figures["wall_s"]
     if args.method != "ar" and not args.no_ar_baseline:
         t1 = time.perf_counter()
-        generate_ar(gpt, labels, **sampling)
+        for chunk, seed in zip(chunks, seeds):
+            generate_ar(gpt, chunk, cfg_interval=args.cfg_interval, **dict(sampling, seed=seed))
         figures["ar_wall_s"] = time.perf_counter() - t1
         figures["speedup_vs_ar"] = figures["ar_wall_s"] / figures["wall_s"]
     side = gpt.config.grid_size
@@ -156,12 +175,68 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch_size(batch, n_images: int) -> int:
+    if batch is None:
+        return n_images
+    if batch < 1:
+        raise SystemExit(f"--batch must be >= 1, got {batch}")
+    return min(batch, n_images)
+
+
+def _cost_model(gpt, drafter, table, labels, options, sampling, figures):
+    """tree=auto: the device's cost model (cached, or calibrated now, before the timed run)."""
+    from .decoding import SpecConfig, resolve_cost_model
+
+    config = SpecConfig(method=options["method"], k=options["k"], delta=options["delta"], lam=options["lam"],
+                        budget=options["budget"], depth=options["depth"], draft=options["draft"])
+    model = resolve_cost_model(gpt, drafter, labels, table, config=config, cfg_interval=options["cfg_interval"],
+                               **sampling)
+    figures["cost_model"] = {"source": model.meta["source"], "path": model.meta["path"],
+                             "calibration_s": round(model.meta.get("calibration_s", 0.0), 3)}
+    return model
+
+
+def _spec_figures(all_stats) -> dict:
+    """Figures of the speculative batches together: tau, forwards, and per plan steps, expected and
+    achieved tokens/s (tree=auto)."""
+    emitted = sum(s.emitted for s in all_stats)
+    row_steps = sum(s.row_steps for s in all_stats)
+    out = dict(tau=emitted / max(row_steps, 1), target_forwards=sum(s.target_forwards for s in all_stats),
+               draft_forwards=sum(s.draft_forwards for s in all_stats))
+    counts = {}
+    for s in all_stats:
+        for name, n in s.plan_counts.items():
+            counts[name] = counts.get(name, 0) + n
+    out["plan_steps"] = counts
+    plans = {}
+    for s in all_stats:
+        for name, rec in s.planner.get("plans", {}).items():
+            acc = plans.setdefault(name, {"steps": 0, "expected_tokens": 0.0, "predicted_s": 0.0, "tokens": 0,
+                                          "measured_s": 0.0})
+            for key in acc:
+                acc[key] += rec[key]
+    for acc in plans.values():
+        acc["expected_tokens_per_s"] = acc["expected_tokens"] / acc["predicted_s"] if acc["predicted_s"] else None
+        acc["achieved_tokens_per_s"] = acc["tokens"] / acc["measured_s"] if acc["measured_s"] else None
+    if plans:
+        out["plans"] = plans
+        out["chain_rate_per_depth"] = all_stats[-1].planner.get("chain_rate_per_depth")
+    return out
+
+
 def _print_figures(f: dict, args) -> None:
     print(f"{f['images']} images x {f['tokens_per_image']} tokens in {f['wall_s']:.2f}s: "
           f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device})")
     if args.method != "ar":
         print(f"tau {f['tau']:.2f} tokens per target forward; {f['target_forwards']} target forwards, "
-              f"{f['draft_forwards']} drafter forwards")
+              f"{f['draft_forwards']} drafter forwards (batch {f['batch']})")
+        if "cost_model" in f:
+            cm = f["cost_model"]
+            how = "read from the cache" if cm["source"] == "cache" else f"measured in {cm['calibration_s']:.1f}s"
+            print(f"tree auto: cost model {how} ({cm['path']})")
+        for name, p in sorted(f.get("plans", {}).items(), key=lambda kv: -kv[1]["steps"]):
+            print(f"  {name:>7}: {p['steps']:5d} steps, expected {p['expected_tokens_per_s']:8.1f} tokens/s, "
+                  f"achieved {p['achieved_tokens_per_s']:8.1f} tokens/s")
         if "speedup_vs_ar" in f:
             print(f"speed-up vs AR (same process): {f['speedup_vs_ar']:.2f}x (AR {f['ar_wall_s']:.2f}s)")
     if "class_accuracy" in f:

@@ -1,17 +1,22 @@
 """Decoding loops: autoregressive sampling (``ar``) and speculative / LANTERN decoding (``spec``)."""
 from .ar import generate_ar, sample_next
-from .spec import SpecConfig, SpecStats, generate_spec
+from .costs import CostModel
+from .planner import Plan, Planner, candidate_plans
+from .spec import SpecConfig, SpecStats, generate_spec, resolve_cost_model
 
-__all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfig", "SpecStats"]
+__all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfig", "SpecStats", "CostModel", "Plan",
+           "Planner", "candidate_plans", "resolve_cost_model"]
 
 
-def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbours=None, tree: str = "dynamic",
+def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbours=None, tree: str = "auto",
              k: int = 1000, delta: float = 0.1, lam=None, budget: str = "candidate", cfg_scale=1.0,
              temperature=1.0, top_k=0, top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None,
              **tree_options):
     """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed).
     Returns (tokens [B, L], SpecStats or None for AR); L = ``length`` (default: the whole image).
-    tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft)."""
+    tree: "auto" (the planner picks each step's tree, or a plain AR step, from the device's measured costs
+    and the run's acceptance), "chain", "static" or "dynamic".
+    tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft, cost_model, plans)."""
     if method == "ar":
         return generate_ar(model, cond_idx, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                            top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length), None

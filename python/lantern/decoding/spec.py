@@ -8,28 +8,38 @@ the kernels without touching this loop.
 
 Per row b: n_done[b] image tokens are committed; the last one is the root of the next tree. The target's
 cache holds the condition and the committed tokens except the root (its K/V are computed by the verify
-forward, as tree node 0); the drafter's cache holds every committed token.
+forward, as tree node 0); the drafter's cache holds the committed tokens except the ``n_pending`` newest,
+which it catches up on in one forward (``Drafter.commit``) before it next drafts.
+
+``tree="auto"`` (the default) lets ``planner.Planner`` pick each step's tree (or a plain AR step: a target
+forward over the roots and a one-node verify, no drafter forward) from a cost model measured on the device
+(``costs``) and acceptance rates learned from the run's own verify results. The acceptance rule never
+depends on the plan, so exact speculative decoding stays exact whatever the planner picks.
 """
 from __future__ import annotations
 
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from .. import ops
 from .ar import check_length, sample_next
+from .costs import CostModel, cache_key, cached_cost_model
+from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans
 from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_shape, unguided_past_interval
 
 STATIC_WIDTHS = (6, 4, 3, 2, 1, 1)  # 56 nodes with the root
+TREES = ("auto", "chain", "static", "dynamic")
+CALIBRATION_ROWS = (2, 16, 64)  # rows (2 x images with guidance) at which each plan's step is timed
 
 
 @dataclass
 class SpecConfig:
     method: str = "lantern"  # "spec" (exact, δ = 0) | "lantern" (relaxed)
-    tree: str = "dynamic"  # "chain" | "static" | "dynamic"
+    tree: str = "auto"  # "auto" (planner) | "chain" | "static" | "dynamic"
     draft: Optional[str] = None  # "deterministic" | "sampled"; default: dynamic/chain deterministic, static sampled
     depth: int = 5  # draft levels below the root (chain length / EAGLE-2 expansions / static depth from widths)
     top_per_node: int = 10  # EAGLE-2: children per expanded node, and the beam width
@@ -39,22 +49,41 @@ class SpecConfig:
     delta: float = 0.1
     lam: Optional[float] = None  # LANTERN++ lambda mode instead of delta
     budget: str = "candidate"
+    # tree="auto" only
+    cost_model: Optional[CostModel] = None  # default: calibrated on the device (cached, see costs.py)
+    plans: Optional[Sequence[Plan]] = None  # candidates; default: candidate_plans(depth)
+    acceptance_prior: float = 0.5  # per-level acceptance of a chain before the run's own data
+    acceptance_memory: float = 0.98  # per step, the weight the acceptance data keeps (see AcceptanceModel)
+    adapt_costs: bool = True  # correct the cost model by the run's step times (see Planner); False: reproducible
 
     def draft_kind(self) -> str:
         if self.draft is not None:
             return self.draft
         return "sampled" if self.tree == "static" else "deterministic"
 
+    def fixed_plan(self) -> Plan:
+        """The plan of an explicit tree (every step)."""
+        if self.tree == "chain":
+            return Plan("chain", "chain", depth=self.depth)
+        if self.tree == "static":
+            return Plan("static", "static", depth=len(self.static_widths), static_widths=tuple(self.static_widths))
+        return Plan("dynamic", "dynamic", depth=self.depth, n_nodes=self.n_nodes, top_per_node=self.top_per_node)
+
+    def candidates(self) -> List[Plan]:
+        return list(self.plans) if self.plans is not None else candidate_plans(self.depth)
+
 
 @dataclass
 class SpecStats:
     target_forwards: int = 0  # batched target forwards (prefill + one per verify step)
     draft_forwards: int = 0  # batched drafter forwards
-    steps: int = 0  # verify steps
+    steps: int = 0  # verify steps (AR steps of tree="auto" included)
     row_steps: int = 0  # sum over rows of the verify steps in which the row was still generating
     emitted: int = 0  # tokens emitted by verify steps (all rows)
     wall_s: float = 0.0
     accept_lens: list = field(default_factory=list)  # per step: accept_len [B] of the active rows
+    plan_counts: Dict[str, int] = field(default_factory=dict)  # steps per plan ("ar", "chain3", "tree16", ...)
+    planner: dict = field(default_factory=dict)  # tree="auto": per plan expected vs achieved tokens/s, cost model
 
     @property
     def tau(self) -> float:
@@ -67,6 +96,186 @@ def _emit_counts(accept_len, n_done, L):
     return torch.minimum(accept_len + 1, L - n_done).clamp(min=0)
 
 
+def _tree_size(plan: Plan) -> int:
+    """Nodes of the plan's tree, root included."""
+    if plan.kind == "ar":
+        return 1
+    if plan.kind == "chain":
+        return plan.depth + 1
+    if plan.kind == "static":
+        return len(static_shape(plan.static_widths))
+    k = plan.top_per_node
+    return min(plan.n_nodes, k + (plan.depth - 1) * k * k) + 1
+
+
+@dataclass
+class Sampling:
+    cfg_scale: object = 1.0
+    temperature: object = 1.0
+    top_k: object = 0
+    top_p: object = 1.0
+    seed: int = 0
+    cfg_interval: int = -1
+
+    @property
+    def guided(self) -> bool:
+        return not (isinstance(self.cfg_scale, (int, float)) and self.cfg_scale == 1.0)
+
+
+class _Loop:
+    """The decoding state of a batch (prefilled at construction) and its two kinds of step."""
+
+    def __init__(self, target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
+                 plans: Sequence[Plan], catch_up: bool):
+        self.target, self.drafter, self.neighbours, self.config, self.s, self.L = (
+            target, drafter, neighbours, config, sampling, L)
+        self.relaxed = config.method == "lantern"
+        B = self.B = cond_idx.shape[0]
+        C = target.config.cond_len
+        cond = target.double_for_cfg(cond_idx) if sampling.guided else cond_idx
+        self.rows = cond.shape[0]
+        self.halves = self.rows // B
+        T_max = max(_tree_size(p) for p in plans)
+        beams = max((p.depth * p.top_per_node for p in plans if p.kind == "dynamic"), default=0)
+        # prefill: the condition, then the first token exactly as AR does
+        target.setup_cache(self.rows, C + L + T_max)
+        logits, hidden = target(None, cond, cache_len=torch.zeros(self.rows, dtype=torch.int64), return_hidden=True)
+        lc, lu = (logits[:B, -1], logits[B:, -1]) if sampling.guided else (logits[:, -1], None)
+        first = sample_next(lc, lu, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
+                            top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, offset=0)
+        self.out = torch.zeros(B, L, dtype=torch.int64)
+        self.out[:, 0] = first
+        self.n_done = torch.ones(B, dtype=torch.int64)
+        self.target_len = torch.full((self.rows,), C, dtype=torch.int64)
+        # AR steps leave up to L tokens for the drafter to catch up on, at most T_max from a tree step
+        room = T_max + (L if catch_up else 0)
+        drafter.reset(cond, self.rows, L + max(T_max, beams) + (L if catch_up else 0))
+        # the drafter's input: the newly committed tokens [rows, P] and the target hidden state before each
+        self.pending = torch.zeros(self.rows, room + 1, dtype=torch.int64)
+        self.pending_feat = hidden.new_zeros(self.rows, room + 1, hidden.shape[-1])
+        self.pending[:, 0] = first.repeat(self.halves)
+        self.pending_feat[:, 0] = hidden[:, -1]
+        self.n_pending = torch.ones(self.rows, dtype=torch.int64)
+        self.width = 1  # columns of ``pending`` in use (>= n_pending.max())
+        self.root_parents = torch.full((B, 1), -1, dtype=torch.int64)
+
+    def rep(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, ...] -> [rows, ...]: the same values for both guidance halves."""
+        return x.repeat(self.halves, *([1] * (x.dim() - 1)))
+
+    def progress(self, max_depth: int) -> List[int]:
+        """[active rows, then for d = 1..max_depth the active rows with at least d + 1 tokens to go]."""
+        to_go = (self.L - self.n_done)[:, None] - torch.arange(max_depth + 1)  # [B, D + 1]
+        return (to_go >= 1).sum(0).tolist()
+
+    def _verify(self, logits, tokens, parents, depth, draft_probs, offset, drafts: bool):
+        """ops.verify of the cond rows' trees (guided by the uncond rows), relaxed only with drafts."""
+        s, c = self.s, self.config
+        B = self.B
+        uncond = (unguided_past_interval(logits[:B], logits[B:], self.n_done[:, None] + depth, s.cfg_interval)
+                  if s.guided else None)
+        relaxed = self.relaxed and drafts
+        return ops.verify(logits[:B], tokens, parents, self.neighbours if relaxed else None, uncond_logits=uncond,
+                          cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                          draft_probs=draft_probs, k=c.k if relaxed else 0, delta=c.delta if relaxed else 0.0,
+                          lam=c.lam if relaxed else None, budget=c.budget if relaxed else "candidate",
+                          seed=s.seed, offset=offset)
+
+    def ar_step(self, step: int) -> torch.Tensor:
+        """One token per active row, as AR samples it: the target over the roots, a one-node verify. The
+        drafter does nothing; the token and the root's hidden state join its pending input. -> n_emit [B]"""
+        B, L = self.B, self.L
+        active = self.n_done < L
+        root = self.out.gather(1, (self.n_done - 1).clamp(max=L - 1)[:, None])  # [B, 1]
+        logits, hidden = self.target(self.rep(root), cache_len=self.target_len, return_hidden=True)  # [rows, 1, .]
+        result = self._verify(logits, root, self.root_parents, 0, None, step, drafts=False)
+        n_emit = active.to(torch.int64)
+        slot = self.n_done.clamp(max=L - 1)[:, None]
+        self.out.scatter_(1, slot, torch.where(active[:, None], result.next_token[:, None], self.out.gather(1, slot)))
+        self.target_len = self.target_len + self.rep(n_emit)  # the root's K/V, written by this forward, stay
+        rows = torch.arange(self.rows)
+        self.pending[rows, self.n_pending] = self.rep(result.next_token)
+        self.pending_feat[rows, self.n_pending] = hidden[:, 0]
+        self.n_pending = self.n_pending + self.rep(n_emit)
+        self.width += 1
+        self.n_done = self.n_done + n_emit
+        return n_emit
+
+    def spec_step(self, plan: Plan, step: int):
+        """Draft ``plan``'s tree from every row's root, verify it with one target forward, commit.
+        -> (n_emit [B], accept_len [B], drafter forwards)"""
+        B, L, config, s = self.B, self.L, self.config, self.s
+        active = self.n_done < L
+        n_done = self.n_done
+        # 1. the drafter caches the committed tokens it has not seen and scores the root
+        P = self.width
+        pos = (n_done.repeat(self.halves) - self.n_pending)[:, None] + torch.arange(P)
+        root_logits, root_state = self.drafter.commit(self.pending[:, :P], self.pending_feat[:, :P], self.n_pending,
+                                                      pos.clamp(max=L - 1))
+        scorer = DraftScorer(self.drafter, B, s.guided, s.cfg_scale, n_done - 1, L - 1, s.cfg_interval)
+        scorer.forwards = 1
+        root_tok = self.out.gather(1, (n_done - 1)[:, None]).squeeze(1)
+        root_logits = scorer.guide(root_logits, n_done)
+        # 2. grow the draft tree
+        sampled = config.draft_kind() == "sampled" and plan.kind != "dynamic"
+        if plan.kind == "chain":
+            tree = grow_chain(scorer, root_tok, root_logits, root_state, plan.depth, sampled, self._process,
+                              s.seed, step)
+        elif plan.kind == "static":
+            tree = grow_static(scorer, root_tok, root_logits, root_state, static_shape(plan.static_widths),
+                               self._process, s.seed, step)
+        else:
+            tree = grow_dynamic(scorer, root_tok, root_logits, root_state, plan.depth, plan.top_per_node,
+                                plan.n_nodes)
+        # 3. one target forward over every row's tree
+        T = tree.tokens.shape[1]
+        rep = self.rep
+        positions = ((n_done - 1)[:, None] + tree.depth).clamp(max=L - 1)
+        mask = ops.ancestor_mask(tree.parents)
+        logits, hidden = self.target(rep(tree.tokens), cache_len=self.target_len, positions=rep(positions),
+                                     tree_mask=rep(mask), return_hidden=True)
+        # 4. verify
+        result = self._verify(logits, tree.tokens, tree.parents, tree.depth, tree.draft_probs, step, drafts=True)
+        # 5. commit: accepted path tokens, then next_token; never past L
+        n_emit = torch.where(active, _emit_counts(result.accept_len, n_done, L), 0)  # [B]
+        kept_nodes = torch.cat([torch.zeros(B, 1, dtype=torch.int64), result.path.clamp(min=0)], 1)  # [B, T]
+        emitted = torch.cat([tree.tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
+        j = torch.arange(T)
+        emitted = torch.where(j[None] < result.accept_len[:, None], emitted, result.next_token[:, None])
+        write = j[None] < n_emit[:, None]  # [B, T]; never past L
+        row_ids = torch.arange(B)[:, None].expand(B, T)
+        self.out[row_ids[write], (n_done[:, None] + j[None])[write]] = emitted[write]
+        # 6. keep the root and accepted nodes' K/V (the root plus n_emit - 1 path nodes)
+        self.target_len = ops.compact_kv(self.target.kv_cache, self.target_len, rep(kept_nodes), rep(n_emit))
+        # 7. the drafter's next input: the emitted tokens with the target hidden state before each
+        width = max(int(n_emit.max()), 1)  # feed the drafter only as many positions as the longest row needs
+        self.pending[:, :width] = rep(emitted[:, :width])
+        feat_nodes = rep(kept_nodes[:, :width])[..., None].expand(-1, -1, hidden.shape[-1])
+        self.pending_feat[:, :width] = hidden.gather(1, feat_nodes)
+        self.n_pending = rep(n_emit)
+        self.width = width
+        self.n_done = n_done + n_emit
+        return n_emit, result.accept_len, tree.draft_forwards
+
+    def _process(self, draft_logits):  # the drafter's sampling distribution for sampled drafts
+        s = self.s
+        return ops.process_logits(draft_logits, None, 1.0, s.temperature, s.top_k, s.top_p)
+
+    def close(self) -> None:
+        self.drafter.release()
+        self.target.free_cache()
+
+
+def _acceptance_counts(accept_len, to_go, depth: int):
+    """For d = 1..depth: (rows that accepted depth d, rows that reached depth d - 1 with depth d inside the
+    image) among the active rows; accept_len / to_go [n] (to_go = tokens the row still needed)."""
+    d = torch.arange(1, depth + 1)
+    inside = to_go[:, None] >= d
+    hits = ((accept_len[:, None] >= d) & inside).sum(0)
+    trials = ((accept_len[:, None] >= d - 1) & inside).sum(0)
+    return torch.stack([hits, trials]).tolist()
+
+
 @torch.no_grad()
 def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[torch.Tensor] = None, *,
                   config: SpecConfig = SpecConfig(), cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0,
@@ -76,120 +285,177 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     row after its first ``length`` tokens, a prefix of the image (tests and benchmarks of the first
     positions). Their law is the full run's; the tokens themselves may differ, since trees near the end
     are clipped. ``cfg_interval`` >= 0: tokens past that index are sampled without guidance, as in
-    LlamaGen's AR loop (see ``unguided_past_interval``)."""
+    LlamaGen's AR loop (see ``unguided_past_interval``). With ``config.tree == "auto"`` and no
+    ``config.cost_model``, the device's cost model is calibrated first (a few seconds, then cached)."""
     device = target.tok_embeddings.weight.device
     L = check_length(length, target.config.block_size)
+    _check_config(config, neighbours)
+    sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     # the loop creates its bookkeeping tensors on the default device; a torch.device context would make it
     # the model's, but it intercepts every torch call (~10 % of a CPU run), so it is entered only when needed
     same = torch.get_default_device() == device
     with contextlib.nullcontext() if same else torch.device(device):
-        return _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperature, top_k, top_p,
-                         seed, on_step, L, cfg_interval)
+        if config.tree != "auto":
+            return _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_step, L)
+        cost_model = config.cost_model or _resolve(target, drafter, cond_idx, neighbours, config, sampling, L)
+        return _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model)
 
 
-def _generate(target, drafter, cond_idx, neighbours, config, cfg_scale, temperature, top_k, top_p, seed, on_step,
-              L, cfg_interval):
+def _check_config(config: SpecConfig, neighbours) -> None:
     if config.method not in ("spec", "lantern"):
         raise ValueError(f"method must be 'spec' or 'lantern', got {config.method!r}")
-    if config.tree not in ("chain", "static", "dynamic"):
-        raise ValueError(f"tree must be 'chain', 'static' or 'dynamic', got {config.tree!r}")
-    relaxed = config.method == "lantern"
-    if relaxed and config.k > 0 and neighbours is None:
+    if config.tree not in TREES:
+        raise ValueError(f"tree must be one of {TREES}, got {config.tree!r}")
+    if config.method == "lantern" and config.k > 0 and neighbours is None:
         raise ValueError("method='lantern' needs the neighbour table (lantern.ops.latent_neighbours)")
+
+
+def _record_step(stats: SpecStats, n_emit, accept_len, active, draft_forwards: int) -> int:
+    tokens = int(n_emit.sum())
+    stats.steps += 1
+    stats.target_forwards += 1
+    stats.draft_forwards += draft_forwards
+    stats.row_steps += int(active.sum())
+    stats.emitted += tokens
+    stats.accept_lens.append(accept_len[active].cpu())
+    return tokens
+
+
+def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_step, L):
     t0 = time.perf_counter()
     stats = SpecStats()
-    B = cond_idx.shape[0]
-    C = target.config.cond_len
-    guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
-    cond = target.double_for_cfg(cond_idx) if guided else cond_idx
-    rows = cond.shape[0]
-    halves = rows // B
-    sampled = config.draft_kind() == "sampled"
-    shape = static_shape(config.static_widths) if config.tree == "static" else None
-    T_max = {"chain": config.depth + 1, "dynamic": config.n_nodes + 1, "static": len(shape or [])}[config.tree]
-
-    # prefill: the condition, then the first token exactly as AR does
-    target.setup_cache(rows, C + L + T_max)
-    logits, hidden = target(None, cond, cache_len=torch.zeros(rows, dtype=torch.int64), return_hidden=True)
-    stats.target_forwards += 1
-    lc, lu = (logits[:B, -1], logits[B:, -1]) if guided else (logits[:, -1], None)
-    first = sample_next(lc, lu, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=seed, offset=0)
-    out = torch.zeros(B, L, dtype=torch.int64)
-    out[:, 0] = first
-    n_done = torch.ones(B, dtype=torch.int64)
-    target_len = torch.full((rows,), C, dtype=torch.int64)
-    beams = config.depth * config.top_per_node if config.tree == "dynamic" else 0  # EAGLE-2 partial trees
-    drafter.reset(cond, rows, L + max(T_max, beams))
-    pending = first[:, None].repeat(halves, 1)  # [rows, P] newly committed tokens, fed to the drafter
-    pending_feat = hidden[:, -1:]  # [rows, P, dim] the target hidden state before each of them
-    n_pending = torch.ones(rows, dtype=torch.int64)
-
-    def process(draft_logits):  # the drafter's sampling distribution for sampled drafts
-        return ops.process_logits(draft_logits, None, 1.0, temperature, top_k, top_p)
-
+    plan = config.fixed_plan()
+    loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, [plan], catch_up=False)
+    stats.target_forwards += 1  # the prefill
     step = 0
-    while bool((n_done < L).any()):
+    while bool((loop.n_done < L).any()):
         step += 1
-        active = n_done < L
-        # 1. the drafter caches the committed tokens and scores the root
-        pos = (n_done.repeat(halves) - n_pending)[:, None] + torch.arange(pending.shape[1])
-        root_logits, root_state = drafter.commit(pending, pending_feat, n_pending, pos.clamp(max=L - 1))
-        scorer = DraftScorer(drafter, B, guided, cfg_scale, n_done - 1, L - 1, cfg_interval)
-        scorer.forwards = 1
-        root_tok = out.gather(1, (n_done - 1)[:, None]).squeeze(1)
-        root_logits = scorer.guide(root_logits, n_done)
-        # 2. grow the draft tree
-        if config.tree == "chain":
-            tree = grow_chain(scorer, root_tok, root_logits, root_state, config.depth, sampled, process, seed, step)
-        elif config.tree == "static":
-            tree = grow_static(scorer, root_tok, root_logits, root_state, shape, process, seed, step)
-        else:
-            tree = grow_dynamic(scorer, root_tok, root_logits, root_state, config.depth, config.top_per_node,
-                                config.n_nodes)
-        stats.draft_forwards += tree.draft_forwards
-        # 3. one target forward over every row's tree
-        T = tree.tokens.shape[1]
-        positions = ((n_done - 1)[:, None] + tree.depth).clamp(max=L - 1)
-        mask = ops.ancestor_mask(tree.parents)
-        rep = lambda x: x.repeat(halves, *([1] * (x.dim() - 1)))  # noqa: E731
-        logits, hidden = target(rep(tree.tokens), cache_len=target_len, positions=rep(positions),
-                                tree_mask=rep(mask), return_hidden=True)
-        stats.target_forwards += 1
-        # 4. verify
-        uncond = (unguided_past_interval(logits[:B], logits[B:], n_done[:, None] + tree.depth, cfg_interval)
-                  if guided else None)
-        result = ops.verify(logits[:B], tree.tokens, tree.parents, neighbours if relaxed else None,
-                            uncond_logits=uncond, cfg_scale=cfg_scale,
-                            temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=tree.draft_probs,
-                            k=config.k if relaxed else 0, delta=config.delta if relaxed else 0.0,
-                            lam=config.lam if relaxed else None, budget=config.budget if relaxed else "candidate",
-                            seed=seed, offset=step)
-        # 5. commit: accepted path tokens, then next_token; never past L
-        n_emit = torch.where(active, _emit_counts(result.accept_len, n_done, L), 0)  # [B]
-        kept_nodes = torch.cat([torch.zeros(B, 1, dtype=torch.int64), result.path.clamp(min=0)], 1)  # [B, T]
-        emitted = torch.cat([tree.tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
-        j = torch.arange(T)
-        emitted = torch.where(j[None] < result.accept_len[:, None], emitted, result.next_token[:, None])
-        write = j[None] < n_emit[:, None]  # [B, T]; never past L
-        row_ids = torch.arange(B)[:, None].expand(B, T)
-        out[row_ids[write], (n_done[:, None] + j[None])[write]] = emitted[write]
-        # 6. keep the root and accepted nodes' K/V (the root plus n_emit - 1 path nodes)
-        target_len = ops.compact_kv(target.kv_cache, target_len, rep(kept_nodes), rep(n_emit))
-        # 7. the drafter's next input: the emitted tokens with the target hidden state before each
-        width = max(int(n_emit.max()), 1)  # feed the drafter only as many positions as the longest row needs
-        pending = rep(emitted[:, :width])
-        n_pending = rep(n_emit)
-        feat_nodes = rep(kept_nodes[:, :width])[..., None].expand(-1, -1, hidden.shape[-1])
-        pending_feat = hidden.gather(1, feat_nodes)
-        stats.steps += 1
-        stats.row_steps += int(active.sum())
-        stats.emitted += int(n_emit.sum())
-        stats.accept_lens.append(result.accept_len[active].cpu())
-        n_done = n_done + n_emit
+        active = loop.n_done < L
+        n_emit, accept_len, forwards = loop.spec_step(plan, step)
+        _record_step(stats, n_emit, accept_len, active, forwards)
         if on_step is not None:
             on_step(n_emit)
-    drafter.release()
-    target.free_cache()
+    loop.close()
+    stats.plan_counts = {plan.name: stats.steps}
     stats.wall_s = time.perf_counter() - t0
-    return out, stats
+    return loop.out, stats
+
+
+def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model):
+    t0 = time.perf_counter()
+    stats = SpecStats()
+    acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory)
+    planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs)
+    loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True)
+    stats.target_forwards += 1  # the prefill
+    max_depth = planner.max_depth
+    step, decision, tokens = 0, None, 0
+    t_step = time.perf_counter()
+    while True:
+        counts = loop.progress(max_depth)  # syncs: the step before is done
+        now = time.perf_counter()
+        if decision is not None:
+            planner.record(decision, tokens, now - t_step)
+        if counts[0] == 0:
+            break
+        t_step = now
+        step += 1
+        planner.forget()
+        decision = planner.choose(loop.rows, counts[0], counts[1:])
+        plan = decision.plan
+        active = loop.n_done < L
+        if plan.is_ar:
+            n_emit = loop.ar_step(step)
+            tokens = _record_step(stats, n_emit, torch.zeros_like(n_emit), active, 0)
+        else:
+            to_go = (L - loop.n_done)[active]
+            n_emit, accept_len, forwards = loop.spec_step(plan, step)
+            tokens = _record_step(stats, n_emit, accept_len, active, forwards)
+            hits, trials = _acceptance_counts(accept_len[active], to_go, plan.depth)
+            planner.acceptance.observe(plan, hits, trials)
+        stats.plan_counts[plan.name] = stats.plan_counts.get(plan.name, 0) + 1
+        if on_step is not None:
+            on_step(n_emit)
+    loop.close()
+    stats.planner = dict(planner.summary(), cost_model={k: v for k, v in cost_model.meta.items() if k != "key"})
+    stats.wall_s = time.perf_counter() - t0
+    return loop.out, stats
+
+
+# -- calibration ------------------------------------------------------------------------------------------
+
+def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan]) -> dict:
+    """What, besides the device and models, changes a step's cost: the verify work and the candidates."""
+    relaxed = config.method == "lantern"
+    return {"method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
+            "lam": relaxed and config.lam is not None, "guided": sampling.guided, "length": L,
+            "draft": config.draft_kind(), "top_k": _positive(sampling.top_k), "top_p": _below_one(sampling.top_p),
+            "plans": [p.name for p in plans], "rows": list(CALIBRATION_ROWS)}
+
+
+def _positive(x) -> bool:
+    return bool((torch.as_tensor(x) > 0).any())
+
+
+def _below_one(x) -> bool:
+    return bool((torch.as_tensor(x) < 1).any())
+
+
+def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: SpecConfig = SpecConfig(),
+                       cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, seed: int = 0,
+                       length: Optional[int] = None, cfg_interval: int = -1, remeasure: bool = False) -> CostModel:
+    """The cost model ``tree="auto"`` uses for these models and settings: cached, or calibrated now (a few
+    seconds). Call it before timing a run so the calibration is not part of it."""
+    L = check_length(length, target.config.block_size)
+    _check_config(config, neighbours)
+    sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
+    device = target.tok_embeddings.weight.device
+    same = torch.get_default_device() == device
+    with torch.no_grad(), contextlib.nullcontext() if same else torch.device(device):
+        return _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasure)
+
+
+def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasure=False) -> CostModel:
+    plans = config.candidates()
+    device = target.tok_embeddings.weight.device
+    key = cache_key(device, target, drafter, _mode(config, sampling, L, plans))
+    return cached_cost_model(key, lambda: calibrate(target, drafter, cond_idx, neighbours, config, sampling, L,
+                                                    plans), remeasure=remeasure)
+
+
+def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
+              plans: Sequence[Plan], rows_grid: Sequence[int] = CALIBRATION_ROWS, reps: int = 3,
+              max_point_s: float = 0.3, budget_s: float = 5.0) -> Dict[str, Dict[int, float]]:
+    """Seconds per step of every plan at each row count of ``rows_grid``: a fresh decoding state per point
+    (labels cycled from cond_idx), one untimed step (first calls, caches), then the fastest of ``reps``
+    timed steps (on a shared device, load only ever adds time). Every plan is timed at the smallest row count; a larger one is skipped when the last point
+    scaled by the rows would exceed ``max_point_s``, or once ``budget_s`` is spent (the cost model
+    extrapolates)."""
+    device = target.tok_embeddings.weight.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    halves = 2 if sampling.guided else 1
+    points: Dict[str, Dict[int, float]] = {p.name: {} for p in plans}
+    t_start = time.perf_counter()
+    for i, rows in enumerate(sorted(rows_grid)):
+        B = max(rows // halves, 1)
+        labels = cond_idx[torch.arange(B, device=cond_idx.device) % cond_idx.shape[0]]
+        for plan in plans:
+            if i > 0:
+                measured = points[plan.name]
+                last_rows = max(measured)
+                if measured[last_rows] * B * halves / last_rows > max_point_s:
+                    continue
+                if time.perf_counter() - t_start > budget_s:
+                    continue
+            loop = _Loop(target, drafter, labels, neighbours, config, sampling, L, [plan, AR_PLAN],
+                         catch_up=True)
+            times = []
+            for step in range(1, reps + 2):
+                sync()
+                t0 = time.perf_counter()
+                loop.ar_step(step) if plan.is_ar else loop.spec_step(plan, step)
+                sync()
+                times.append(time.perf_counter() - t0)
+            loop.close()
+            points[plan.name][B * halves] = min(times[1:])
+    return points

@@ -1,0 +1,271 @@
+"""The speculation planner of ``tree="auto"``: each verify step it picks the draft tree (or none: a plain AR
+step) that maximises the expected tokens per second of the rows still generating.
+
+- ``Plan``: one candidate (AR, a chain of depth d, an EAGLE-2 dynamic tree of a node budget). The candidate
+  set is small and bucketed (``candidate_plans``).
+- ``AcceptanceModel``: per-plan, per-depth acceptance estimated online from the run's own verify results
+  (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans share what they learn
+  through a chain-equivalent per-depth rate: a tree of effective width e accepts depth d with probability
+  1 - (1 - b_d)^e, b_d the chain's rate, so a chain's data also informs the trees and vice versa.
+- ``Planner``: expected tokens (acceptance model) over predicted seconds (``costs.CostModel``), per plan;
+  AR wins ties, so it never picks a plan its own models predict slower than AR.
+
+The planner only chooses which drafts are proposed; verification (the acceptance rule) is the same for every
+plan, so speculative decoding at δ = 0 stays exact whatever it picks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
+# EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
+# few drafter forwards (depth) for small trees
+DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
+AR_EVIDENCE = 0.25  # adapt_costs: probe AR when its recent steps weigh less than this many steps
+WIDTH_EXPONENT = 0.3  # effective width of a tree level: (nodes per level) ** WIDTH_EXPONENT (see module doc)
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str  # "ar", "chain3", "tree16", or the explicit config's tree kind
+    kind: str  # "ar" | "chain" | "dynamic" | "static"
+    depth: int = 0  # draft levels below the root
+    n_nodes: int = 0  # dynamic: drafted nodes kept
+    top_per_node: int = 0  # dynamic: children per expanded node and beam width
+    static_widths: Tuple[int, ...] = ()
+
+    @property
+    def is_ar(self) -> bool:
+        return self.kind == "ar"
+
+    def effective_width(self) -> float:
+        """How many alternatives a level offers, for the shared acceptance model (a chain: 1)."""
+        if self.kind == "dynamic":
+            return max(1.0, self.n_nodes / max(self.depth, 1)) ** WIDTH_EXPONENT
+        if self.kind == "static":
+            return max(1.0, float(self.static_widths[0] if self.static_widths else 1)) ** WIDTH_EXPONENT
+        return 1.0
+
+
+AR_PLAN = Plan("ar", "ar")
+
+
+def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS) -> List[Plan]:
+    """AR; chains of depth 1..max_depth; EAGLE-2 trees of the bucketed node budgets (depth <= max_depth)."""
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    plans = [AR_PLAN] + [Plan(f"chain{d}", "chain", depth=d) for d in range(1, max_depth + 1)]
+    for n in budgets:
+        depth, top = DYNAMIC_SHAPES.get(n, (max_depth, 10))
+        plans.append(Plan(f"tree{n}", "dynamic", depth=min(depth, max_depth), n_nodes=n, top_per_node=top))
+    return plans
+
+
+class AcceptanceModel:
+    """P(accept_len >= d) per plan, from the run's verify results blended with a prior.
+
+    Per plan p and depth d: trials = rows that could accept depth d and accepted d - 1 (depth d existed in
+    the image), hits = those that accepted d. h_p(d) = (hits + w ĥ_p(d)) / (trials + w), ĥ_p(d) the shared
+    model's prediction; the shared chain-equivalent rate b_d pools every plan's data the same way against
+    ``prior`` (weight ``prior_weight`` rows)."""
+
+    def __init__(self, prior: float = 0.5, prior_weight: float = 8.0, plan_weight: float = 8.0,
+                 memory: float = 0.98):
+        if not 0.0 <= prior < 1.0:
+            raise ValueError(f"prior must be in [0, 1), got {prior}")
+        if not 0.0 < memory <= 1.0:
+            raise ValueError(f"memory must be in (0, 1], got {memory}")
+        self.prior, self.prior_weight, self.plan_weight, self.memory = prior, prior_weight, plan_weight, memory
+        self.counts: Dict[Plan, List[List[float]]] = {}  # plan -> [hits per depth, trials per depth]
+
+    def observe(self, plan: Plan, hits: Sequence[float], trials: Sequence[float]) -> None:
+        """hits[d-1] / trials[d-1] for d = 1..plan.depth (see the class doc)."""
+        if plan.is_ar:
+            return
+        h, t = self.counts.setdefault(plan, [[0.0] * plan.depth, [0.0] * plan.depth])
+        for d in range(plan.depth):
+            h[d] += float(hits[d])
+            t[d] += float(trials[d])
+
+    def forget(self) -> None:
+        """One step passes: every count is scaled by ``memory``. Acceptance drifts across an image (flat
+        background, then edges), and a plan the data ruled out is tried again once the prior outweighs the
+        old data (every 1 / (1 - memory) steps or so), rather than never."""
+        for hits, trials in self.counts.values():
+            for d in range(len(hits)):
+                hits[d] *= self.memory
+                trials[d] *= self.memory
+
+    def chain_rate(self, depth: int) -> float:
+        """b_d: the pooled chain-equivalent acceptance of level ``depth`` (1-based)."""
+        overall_n, overall = self.prior_weight, self.prior * self.prior_weight
+        level_n, level = 0.0, 0.0
+        for plan, (hits, trials) in self.counts.items():
+            e = plan.effective_width()
+            for d in range(plan.depth):
+                if trials[d] <= 0:
+                    continue
+                rate = min(hits[d] / trials[d], 1.0 - 1e-9)
+                b = 1.0 - (1.0 - rate) ** (1.0 / e)
+                overall_n += trials[d]
+                overall += trials[d] * b
+                if d + 1 == depth:
+                    level_n += trials[d]
+                    level += trials[d] * b
+        pooled = overall / overall_n  # every depth's data, for levels no plan reached yet
+        return (level + self.prior_weight * pooled) / (level_n + self.prior_weight)
+
+    def level_rates(self, plan: Plan) -> List[float]:
+        """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1)."""
+        e = plan.effective_width()
+        hits, trials = self.counts.get(plan, [[0.0] * plan.depth, [0.0] * plan.depth])
+        rates = []
+        for d in range(plan.depth):
+            shared = 1.0 - (1.0 - self.chain_rate(d + 1)) ** e
+            rates.append((hits[d] + self.plan_weight * shared) / (trials[d] + self.plan_weight))
+        return rates
+
+    def survival(self, plan: Plan) -> List[float]:
+        """S_p(d) = P(accept_len >= d) for d = 1..plan.depth."""
+        out, s = [], 1.0
+        for h in self.level_rates(plan):
+            s *= h
+            out.append(s)
+        return out
+
+    def expected_tokens(self, plan: Plan, n_active: int, rows_reaching: Sequence[int]) -> float:
+        """Tokens the active rows emit in one step of ``plan``: each emits 1 + accepted drafts, never past
+        the image end. rows_reaching[d-1] = active rows with at least d + 1 tokens still to generate."""
+        total = float(n_active)
+        if plan.is_ar:
+            return total
+        for d, s in enumerate(self.survival(plan)):
+            if d >= len(rows_reaching):
+                break
+            total += rows_reaching[d] * s
+        return total
+
+
+@dataclass
+class PlanRecord:
+    """What one plan did in a run: steps, and expected vs achieved tokens and seconds."""
+    steps: int = 0
+    expected_tokens: float = 0.0
+    predicted_s: float = 0.0
+    tokens: int = 0
+    measured_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps,
+                "expected_tokens_per_s": self.expected_tokens / self.predicted_s if self.predicted_s > 0 else None,
+                "achieved_tokens_per_s": self.tokens / self.measured_s if self.measured_s > 0 else None,
+                "expected_tokens": round(self.expected_tokens, 2), "tokens": self.tokens,
+                "predicted_s": round(self.predicted_s, 6), "measured_s": round(self.measured_s, 6)}
+
+
+@dataclass
+class Decision:
+    plan: Plan
+    expected_tokens: float
+    predicted_s: float
+    ar_tokens_per_s: float  # what AR would give, the bar every other plan had to clear
+    rows: int = 0  # rows of the forward (finished rows included)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.expected_tokens / self.predicted_s
+
+
+class Planner:
+    """Chooses a plan per step from a cost model (seconds per step at a given row count) and an
+    acceptance model. ``plans`` must contain AR; plans the cost model does not know are never chosen.
+
+    With ``adapt_costs`` the calibrated seconds are corrected by the run's own step times (sums over recent
+    steps, forgotten like the acceptance data): AR's by measured / predicted of its steps; a drafting plan
+    p's by (measured_p + c r) / (predicted_p + c), r the same ratio over every drafting plan (the device
+    got busier, or the calibration misjudged drafting), c one predicted step of p. AR's time is measured
+    first (``choose`` probes it), so a calibration taken while the device was loaded differently is
+    corrected within a few steps. Without adapt_costs the choice depends on the models alone (reproducible)."""
+
+    def __init__(self, cost_model, plans: Sequence[Plan], acceptance: Optional[AcceptanceModel] = None,
+                 adapt_costs: bool = False):
+        if AR_PLAN not in plans:
+            raise ValueError("the planner's candidates must include AR (the plan of last resort)")
+        self.cost_model = cost_model
+        self.plans = [p for p in plans if cost_model.knows(p.name)]
+        if AR_PLAN not in self.plans:
+            raise ValueError("the cost model has no entry for 'ar'")
+        self.acceptance = acceptance or AcceptanceModel()
+        self.records: Dict[str, PlanRecord] = {}
+        self.adapt_costs = adapt_costs
+        self.recent: Dict[str, List[float]] = {}  # plan name -> [measured s, predicted s], forgotten per step
+
+    @property
+    def max_depth(self) -> int:
+        return max(p.depth for p in self.plans)
+
+    def step_seconds(self, plan: Plan, rows: int) -> float:
+        """The cost model's seconds for one step, corrected by the run's measurements (adapt_costs)."""
+        seconds = self.cost_model.step_seconds(plan.name, rows)
+        if not self.adapt_costs:
+            return seconds
+        ar_measured, ar_predicted = self.recent.get(AR_PLAN.name, (0.0, 0.0))
+        ar_ratio = ar_measured / ar_predicted if ar_predicted > 0 else 1.0
+        if plan.is_ar:
+            return seconds * ar_ratio
+        drafted = [pair for name, pair in self.recent.items() if name != AR_PLAN.name]
+        predicted = sum(p for _, p in drafted)
+        spec_ratio = sum(m for m, _ in drafted) / predicted if predicted > 0 else ar_ratio
+        m, p = self.recent.get(plan.name, (0.0, 0.0))
+        return seconds * (m + seconds * spec_ratio) / (p + seconds)
+
+    def forget(self) -> None:
+        """One step passes: the acceptance data and the recent step times lose weight."""
+        self.acceptance.forget()
+        for pair in self.recent.values():
+            pair[0] *= self.acceptance.memory
+            pair[1] *= self.acceptance.memory
+
+    def rates(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> List[Tuple[float, float, Plan]]:
+        """(expected tokens, predicted seconds, plan) for every candidate, AR first."""
+        out = []
+        for plan in self.plans:
+            seconds = self.step_seconds(plan, rows)
+            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching), seconds, plan))
+        return out
+
+    def choose(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> Decision:
+        """The plan with the most expected tokens per second; AR unless another is strictly faster. With
+        adapt_costs, an AR step whose time no recent step measured is taken instead (a probe: the cheapest
+        step there is), so AR's prediction is corrected like the others'."""
+        rates = self.rates(rows, n_active, rows_reaching)
+        ar_tokens, ar_s, _ = next(r for r in rates if r[2].is_ar)
+        best = Decision(AR_PLAN, ar_tokens, ar_s, ar_tokens / ar_s, rows)
+        for tokens, seconds, plan in rates:
+            if tokens / seconds > best.tokens_per_s:
+                best = Decision(plan, tokens, seconds, best.ar_tokens_per_s, rows)
+        if self.adapt_costs and not best.plan.is_ar:
+            evidence = self.recent.get(AR_PLAN.name, (0.0, 0.0))[1]
+            if evidence < AR_EVIDENCE * self.cost_model.step_seconds(AR_PLAN.name, rows):
+                return Decision(AR_PLAN, ar_tokens, ar_s, ar_tokens / ar_s, rows)
+        return best
+
+    def record(self, decision: Decision, tokens: int, measured_s: float) -> None:
+        rec = self.records.setdefault(decision.plan.name, PlanRecord())
+        rec.steps += 1
+        rec.expected_tokens += decision.expected_tokens
+        rec.predicted_s += decision.predicted_s
+        rec.tokens += tokens
+        rec.measured_s += measured_s
+        if self.adapt_costs:
+            pair = self.recent.setdefault(decision.plan.name, [0.0, 0.0])
+            pair[0] += measured_s
+            pair[1] += self.cost_model.step_seconds(decision.plan.name, decision.rows)
+
+    def summary(self) -> dict:
+        return {"plans": {name: rec.as_dict() for name, rec in sorted(self.records.items(),
+                                                                         key=lambda kv: -kv[1].steps)},
+                "chain_rate_per_depth": [round(self.acceptance.chain_rate(d), 4)
+                                         for d in range(1, self.max_depth + 1)]}
+

@@ -1,0 +1,132 @@
+"""The planner of tree="auto" on synthetic cost and acceptance models: it picks trees when drafting is cheap
+and the device has idle width, AR when the drafter is expensive or the batch already fills the device, and
+never a plan its own models predict slower than AR."""
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lantern.decoding.costs import CostModel
+from lantern.decoding.planner import AR_PLAN, AcceptanceModel, Planner, candidate_plans
+from planner_models import synthetic_costs
+
+PLANS = candidate_plans(5)
+
+
+def planner(costs, prior=0.7):
+    return Planner(costs, PLANS, AcceptanceModel(prior=prior))
+
+
+def test_cheap_drafter_and_idle_device_pick_a_tree():
+    p = planner(synthetic_costs(dispatch=0.01, per_token=1e-5, drafter=5e-4))
+    decision = p.choose(rows=2, n_active=1, rows_reaching=[1] * 5)
+    assert not decision.plan.is_ar
+    assert decision.tokens_per_s > decision.ar_tokens_per_s
+    assert decision.plan.kind == "dynamic"  # nearly free width: the widest tree wins
+
+
+def test_expensive_drafter_picks_ar():
+    p = planner(synthetic_costs(dispatch=0.01, per_token=1e-5, drafter=0.02))
+    decision = p.choose(rows=2, n_active=1, rows_reaching=[1] * 5)
+    assert decision.plan == AR_PLAN
+    assert decision.tokens_per_s == decision.ar_tokens_per_s
+
+
+def test_wide_batch_on_a_busy_device_picks_ar():
+    costs = synthetic_costs(dispatch=0.01, per_token=1e-3, drafter=5e-4)
+    assert not planner(costs).choose(rows=2, n_active=1, rows_reaching=[1] * 5).plan.is_ar
+    assert planner(costs).choose(rows=80, n_active=40, rows_reaching=[40] * 5).plan == AR_PLAN
+
+
+def test_rows_near_the_end_need_no_drafts():
+    p = planner(synthetic_costs(dispatch=0.01, per_token=1e-5, drafter=5e-4))
+    assert p.choose(rows=8, n_active=4, rows_reaching=[0] * 5).plan == AR_PLAN  # one token to go each
+    shallow = p.choose(rows=8, n_active=4, rows_reaching=[4, 0, 0, 0, 0]).plan  # two to go: depth 1 suffices
+    assert not shallow.is_ar and shallow.depth <= 3
+
+
+def test_observed_rejections_turn_speculation_off_and_forgetting_turns_it_back_on():
+    p = planner(synthetic_costs(dispatch=0.01, per_token=1e-5, drafter=2e-3))
+    first = p.choose(rows=2, n_active=1, rows_reaching=[1] * 5).plan
+    assert not first.is_ar
+    for plan in PLANS[1:]:
+        p.acceptance.observe(plan, [0] * plan.depth, [50] + [0] * (plan.depth - 1))  # nothing accepted
+    assert p.choose(rows=2, n_active=1, rows_reaching=[1] * 5).plan == AR_PLAN
+    steps = 0
+    while p.choose(rows=2, n_active=1, rows_reaching=[1] * 5).plan.is_ar:
+        p.acceptance.forget()
+        steps += 1
+    assert 10 < steps < 500
+
+
+def test_measured_step_times_correct_the_cost_model():
+    """A calibration that underestimated the trees 10x is corrected by the run's own step times."""
+    p = Planner(synthetic_costs(dispatch=0.01, per_token=1e-5, drafter=5e-4), PLANS, AcceptanceModel(prior=0.7),
+                adapt_costs=True)
+    chosen = []
+    for _ in range(20):
+        decision = p.choose(rows=2, n_active=1, rows_reaching=[1] * 5)
+        chosen.append(decision.plan)
+        truth = p.cost_model.step_seconds(decision.plan.name, 2) * (1 if decision.plan.is_ar else 10)
+        p.record(decision, round(decision.expected_tokens), truth)
+        p.forget()
+    assert chosen[0] == AR_PLAN  # a probe: AR's time is measured before anything is compared with it
+    assert not chosen[1].is_ar and chosen[-1] == AR_PLAN
+    assert sum(not plan.is_ar for plan in chosen) <= 4
+    assert p.step_seconds(AR_PLAN, 2) == pytest.approx(p.cost_model.step_seconds("ar", 2), rel=0.05)
+    frozen = planner(synthetic_costs(dispatch=0.01, per_token=1e-5, drafter=5e-4))
+    decision = frozen.choose(rows=2, n_active=1, rows_reaching=[1] * 5)
+    frozen.record(decision, 1, 100.0)
+    assert frozen.choose(rows=2, n_active=1, rows_reaching=[1] * 5).plan == decision.plan  # adapt_costs off
+
+
+def test_acceptance_estimates_follow_the_data():
+    model = AcceptanceModel(prior=0.5)
+    chain3 = next(p for p in PLANS if p.name == "chain3")
+    assert model.survival(chain3) == pytest.approx([0.5, 0.25, 0.125])
+    model.observe(chain3, [900, 810, 729], [1000, 900, 810])  # 0.9 per level
+    assert model.level_rates(chain3) == pytest.approx([0.9] * 3, abs=0.01)
+    tree16 = next(p for p in PLANS if p.name == "tree16")
+    assert all(r > 0.9 for r in model.level_rates(tree16))  # a wider level accepts more often
+    assert model.expected_tokens(chain3, 10, [10, 10, 0]) == pytest.approx(10 + 10 * 0.9 + 10 * 0.81, rel=0.02)
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="prior"):
+        AcceptanceModel(prior=1.0)
+    with pytest.raises(ValueError, match="AR"):
+        Planner(synthetic_costs(), PLANS[1:])
+    with pytest.raises(ValueError, match="seconds"):
+        CostModel({"ar": {2: 0.0}})
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    costs = CostModel({"ar": {2: 1.0, 16: 2.0}, "flat": {2: 1.0}})
+    assert costs.step_seconds("ar", 1) == 1.0
+    assert costs.step_seconds("ar", 9) == pytest.approx(1.5)
+    assert costs.step_seconds("ar", 30) == pytest.approx(3.0)  # the last segment's slope
+    assert costs.step_seconds("flat", 4) == pytest.approx(2.0)  # one point: proportional to rows
+    assert CostModel.from_json(costs.to_json()).points == costs.points
+
+
+levels = st.floats(0.0, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dispatch=st.floats(1e-4, 0.1), per_token=st.floats(0.0, 1e-2), drafter=st.floats(0.0, 0.1),
+       prior=st.floats(0.0, 0.99), rows=st.integers(1, 200), data=st.data())
+def test_never_picks_a_plan_predicted_slower_than_ar(dispatch, per_token, drafter, prior, rows, data):
+    p = Planner(synthetic_costs(dispatch, per_token, drafter), PLANS, AcceptanceModel(prior=prior))
+    for plan in data.draw(st.lists(st.sampled_from(PLANS[1:]), max_size=4)):
+        trials = data.draw(st.lists(st.integers(0, 50), min_size=plan.depth, max_size=plan.depth))
+        hits = [data.draw(st.integers(0, t)) for t in trials]
+        p.acceptance.observe(plan, hits, trials)
+    n_active = data.draw(st.integers(1, max(rows // 2, 1)))
+    reaching = sorted(data.draw(st.lists(st.integers(0, n_active), min_size=5, max_size=5)), reverse=True)
+    decision = p.choose(rows, n_active, reaching)
+    rates = [tokens / seconds for tokens, seconds, _ in p.rates(rows, n_active, reaching)]
+    ar_rate = n_active / p.cost_model.step_seconds("ar", rows)
+    assert decision.tokens_per_s >= ar_rate * (1 - 1e-12)
+    assert math.isclose(decision.tokens_per_s, max(rates), rel_tol=1e-12)
+    assert decision.plan.is_ar or decision.tokens_per_s > ar_rate
