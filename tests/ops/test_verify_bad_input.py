@@ -1,14 +1,15 @@
 """SPEC §9: every argument of verify / process_logits / philox_uniform is checked, with a message that
-names it. Run through the public ops, so every backend inherits the same errors."""
+names it. Run through the public ops on every backend (the ``backend`` fixture, tests/ops/conftest.py), so
+every backend inherits the same errors."""
 import math
 
 import pytest
 import torch
 
+import backends
 import lantern
 from lantern import ops
-
-BACKENDS = ["reference", "cpu"]
+from op_cases import to_device
 
 B, T, V, K = 2, 4, 8, 3
 
@@ -28,7 +29,8 @@ def make_args(**over):
 
 
 def call_verify(backend, **over):
-    args, kwargs = make_args(**over)
+    """ops.verify under ``lantern.fused(backend)`` on that backend's device."""
+    args, kwargs = to_device(make_args(**over), backends.device_for(backend))
     with lantern.fused(backend):
         return ops.verify(args.pop("logits"), args.pop("tokens"), args.pop("parents"), args.pop("neighbours"),
                           **kwargs)
@@ -81,14 +83,12 @@ BAD_VERIFY = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("override,exc,fragment", BAD_VERIFY, ids=[f"{i}-{e[2]}" for i, e in enumerate(BAD_VERIFY)])
 def test_verify_rejects_bad_input(backend, override, exc, fragment):
     with pytest.raises(exc, match=fragment):
         call_verify(backend, **override)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_verify_accepts_the_good_arguments(backend):
     result = call_verify(backend)
     assert result.accept_len.shape == (B,) and result.path.shape == (B, T - 1)
@@ -97,26 +97,26 @@ def test_verify_accepts_the_good_arguments(backend):
                 top_k=torch.tensor([0, 3]), top_p=torch.tensor([1.0, 0.5]))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_verify_rejects_device_mismatch(backend):
+def test_verify_rejects_device_mismatch(backend, device):
     if not torch.cuda.is_available():
         pytest.skip("needs a second device")
+    args, kwargs = to_device(make_args(), device)
+    tokens = args["tokens"].to("cpu" if device.type == "cuda" else "cuda")
     with pytest.raises(ValueError, match="tokens"):
-        call_verify(backend, tokens=make_args()[0]["tokens"].cuda())
+        ops.verify(args["logits"], tokens, args["parents"], args["neighbours"], **kwargs)
 
 
 def verify_with_table(backend, table, k):
-    args, kwargs = make_args(k=k)
+    args, kwargs = to_device(make_args(k=k), table.device)
     with lantern.fused(backend):
         return ops.verify(args["logits"], args["tokens"], args["parents"], table, **kwargs)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("edit", ["element", "view", "wider k"])
-def test_verify_rechecks_a_neighbour_table_edited_after_validation(backend, edit):
+def test_verify_rechecks_a_neighbour_table_edited_after_validation(backend, device, edit):
     """check_verify remembers tables it has validated; an in-place edit (of the table or of a view of it), or
     a larger k than was validated, must be checked again."""
-    table = make_args()[0]["neighbours"].clone()  # [V, K], valid
+    table = make_args()[0]["neighbours"].clone().to(device)  # [V, K], valid
     verify_with_table(backend, table, k=1)
     verify_with_table(backend, table, k=1)  # served by the cache
     if edit == "element":
@@ -129,12 +129,11 @@ def test_verify_rechecks_a_neighbour_table_edited_after_validation(backend, edit
         verify_with_table(backend, table, k=2 if edit == "wider k" else 1)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_verify_finds_one_bad_logit_among_masked_ones(backend, dtype, bad):
+def test_verify_finds_one_bad_logit_among_masked_ones(backend, device, dtype, bad):
     """One NaN or +inf among -inf (masked) and finite logits, in every float dtype, in either input."""
-    args, kwargs = make_args()
+    args, kwargs = to_device(make_args(), device)
     for name in ("logits", "uncond_logits"):
         logits = args["logits"].to(dtype, copy=True)
         logits[0, 1, :3] = -math.inf
@@ -158,11 +157,11 @@ BAD_PROCESS = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("override,exc,fragment", BAD_PROCESS, ids=[f"{i}-{e[2]}" for i, e in enumerate(BAD_PROCESS)])
-def test_process_logits_rejects_bad_input(backend, override, exc, fragment):
+def test_process_logits_rejects_bad_input(backend, device, override, exc, fragment):
     kwargs = dict(logits=torch.tensor([1.0, 2.0]))
     kwargs.update(override)
+    kwargs = to_device(kwargs, device)
     with lantern.fused(backend), pytest.raises(exc, match=fragment):
         ops.process_logits(**kwargs)
 

@@ -9,16 +9,18 @@ import pytest
 import torch
 
 from stats import oracle, philox_ref
-from stats.harness import BACKENDS, backend_verify
+from stats.harness import backend_verify
 from stats.random_trees import random_batch
 from stats.target64 import target_distribution
 
 NEG = -np.inf
 
 
-@pytest.fixture(params=BACKENDS)
-def verify(request):
-    return backend_verify(request.param)
+@pytest.fixture
+def verify(backend):
+    """lantern.ops.verify on each backend (the ``backend`` fixture, tests/ops/conftest.py), taking and
+    returning CPU tensors (stats.harness.backend_verify)."""
+    return backend_verify(backend)
 
 
 def tree_batch(logits, tokens, parents, B=1):
@@ -274,7 +276,8 @@ def test_exponential_race_ties_go_to_the_lower_index(verify):
 
 def lantern_uniforms(seed, V, row):
     import lantern
-    return lantern.ops.philox_uniform(seed, torch.arange(V), 0, row, 0).numpy()
+    with lantern.fused("reference"):
+        return lantern.ops.philox_uniform(seed, torch.arange(V), 0, row, 0).numpy()
 
 
 def test_guidance_formula(verify):

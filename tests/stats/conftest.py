@@ -1,16 +1,13 @@
 import pytest
 
+import backends
+
 from .harness import BACKENDS, backend_verify
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=backends.params(BACKENDS))
 def verify_backend(request):
-    """lantern.ops.verify under ``lantern.fused(name)``, for every backend in harness.BACKENDS (skipped where
-    the backend is unavailable, e.g. triton not installed)."""
-    import lantern
-
-    lantern._backend._load_backends()
-    why = lantern._backend._why_unavailable(request.param)
-    if why is not None:
-        pytest.skip(f"backend {request.param!r} is unavailable: {why}")
+    """lantern.ops.verify under ``lantern.fused(name)``, for every backend in harness.BACKENDS: cuda (and
+    triton with a GPU) marked gpu, with the full DRAWS; each skipped, with the reason, where it is
+    unavailable (no CUDA device, lantern._C without CUDA kernels, triton not installed)."""
     return backend_verify(request.param)

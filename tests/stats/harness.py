@@ -1,8 +1,10 @@
 """The statistical harness: test cases (a tree plus its target's settings), running a verify backend on
 B copies of a case in one call, turning results into outcome counts, and the oracle's exact laws.
 
-Backends: add a name to ``BACKENDS`` (e.g. "cpu", "triton") and every statistical test runs on it.
-Negative controls call the reference directly with ``faults=(name,)``.
+Backends: every name in ``BACKENDS`` (tests/backends.py: reference, cpu, cuda, triton) runs every statistical
+test; tests/stats/conftest.py skips, with the reason, those that cannot run here. Callers pass and get CPU
+tensors; a backend on a CUDA device (cuda, and triton with a GPU) gets its inputs moved there and returns
+its results to the CPU. Negative controls call the reference directly with ``faults=(name,)``.
 
 Replayed backends. Triton's interpreter (how the "triton" backend runs without a GPU) runs each of a
 launch's programs in Python, ~0.05-0.2 s per row, so 10^5 draws per call are out of reach. A backend in
@@ -18,7 +20,7 @@ draws (the G-test is calibrated for any N: false-failure rate <= 1e-6 per assert
 reference's own business, proven at DRAWS by the negative controls). In the replay both sides compute in
 float32 (float64 inputs rounded to float32 first: the backend's documented precision).
 test_negative_controls.py checks that replay catches every deliberate fault. With a CUDA device,
-"triton" runs the full DRAWS like every other backend.
+"triton" runs the full DRAWS like every other backend (and so does "cuda", which needs one).
 """
 from __future__ import annotations
 
@@ -33,10 +35,12 @@ import lantern
 from lantern.ops.reference import verify as reference_verify_module
 from lantern.ops.reference.verify import VerifyResult
 
+import backends
+
 from . import oracle
 from .target64 import target_distributions
 
-BACKENDS = ["reference", "cpu", "triton"]
+BACKENDS = list(backends.NAMES)
 FAULTS = ("wrong_residual", "reused_uniform", "off_by_one")
 DRAWS = 100_000  # rows (independent draws) per verify call
 REPLAY_ROWS = 32  # rows a replayed backend runs per call
@@ -49,12 +53,20 @@ def replayed_backends() -> set:
     return {"triton"} if lantern._backend._triton_interpret() and not torch.cuda.is_available() else set()
 
 
+def _moved(value, device: torch.device):
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
 def backend_verify(backend: str) -> Callable:
-    """lantern.ops.verify run under ``lantern.fused(backend)`` (replayed for backends in replayed_backends())."""
+    """lantern.ops.verify run under ``lantern.fused(backend)`` on the backend's device, on and to CPU tensors
+    (replayed for backends in replayed_backends())."""
+    device = backends.device_for(backend)
 
     def run(*args, **kwargs):
+        args, kwargs = [_moved(a, device) for a in args], {k: _moved(v, device) for k, v in kwargs.items()}
         with lantern.fused(backend):
-            return lantern.ops.verify(*args, **kwargs)
+            result = lantern.ops.verify(*args, **kwargs)
+        return VerifyResult(*(t.cpu() for t in result))
 
     if backend not in replayed_backends():
         return run
