@@ -1,5 +1,12 @@
-"""tree_attention (SPEC §6) against per-query float64 attention over an explicitly walked key set, and
-against causal attention / plain decoding for chains and single nodes."""
+"""tree_attention (SPEC §6) on every backend: against per-query float64 attention over an explicitly walked
+key set, against causal attention / plain decoding for chains and single nodes, and (fused backends)
+against the reference at the kernels' tile boundaries (several key / query / tree tiles, Dh with and
+without a fixed-size path, GQA / MQA, strided caches, every dtype). Under Triton's interpreter the largest
+case is smaller; GPT-XL's shapes run on a GPU.
+
+Tolerances against the float32 reference: float32 / float64 inputs rtol = atol = 2e-5 (float32 dots,
+online softmax: ~1e-6 observed; the cpu kernel's float64 path 1e-5); float16 2e-3 and bfloat16 2e-2 (about
+one ulp of the output plus P rounded to the input dtype before P @ V)."""
 import math
 import random
 
@@ -7,34 +14,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import backends
 import lantern
-from tree_cases import random_parents
-
-BACKENDS = ["reference", "cpu", "triton"]  # fused backends join this list once they implement tree_attention
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    with lantern.fused(request.param):
-        yield request.param
+from lantern.ops.reference.tree_attention import tree_attention as reference_attention
+from op_cases import attention_case, attention_inputs, random_parents
 
 
-def make_inputs(B, H, Hkv, T, Dh, cache_len, Lmax, seed, dtype=torch.float32, garbage=float("nan")):
+def make_inputs(B, H, Hkv, T, Dh, cache_len, Lmax, seed, dtype=torch.float32, garbage=float("nan"), device="cpu"):
     """q [B, H, T, Dh], caches [B, Hkv, Lmax, Dh] with `garbage` past each row's cache_len + T."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, T, Dh, generator=g).to(dtype)
-    k_cache = torch.randn(B, Hkv, Lmax, Dh, generator=g)
-    v_cache = torch.randn(B, Hkv, Lmax, Dh, generator=g)
-    cache_len = torch.tensor(cache_len, dtype=torch.int64)
-    for b in range(B):
-        k_cache[b, :, int(cache_len[b]) + T:] = garbage
-        v_cache[b, :, int(cache_len[b]) + T:] = garbage
-    return q, k_cache.to(dtype), v_cache.to(dtype), cache_len
+    inputs = attention_inputs(B, H, Hkv, T, Dh, cache_len, Lmax, seed, dtype, garbage=garbage)
+    return tuple(t.to(device) for t in inputs)
 
 
 def brute_force(q, k_cache, v_cache, cache_len, parents):
     """Per (row, head, query): keys = the prefix + the query's tree ancestors found by walking parents;
     softmax attention in float64."""
+    q, k_cache, v_cache, cache_len, parents = (t.cpu() for t in (q, k_cache, v_cache, cache_len, parents))
     B, H, T, Dh = q.shape
     group = H // k_cache.shape[1]
     out = torch.zeros(B, H, T, Dh, dtype=torch.float64)
@@ -55,7 +50,9 @@ def brute_force(q, k_cache, v_cache, cache_len, parents):
 
 
 def run(q, k_cache, v_cache, cache_len, parents):
-    return lantern.ops.tree_attention(q, k_cache, v_cache, cache_len, lantern.ops.ancestor_mask(parents))
+    """The active backend's output, on the CPU."""
+    mask = lantern.ops.ancestor_mask(parents.to(q.device))
+    return lantern.ops.tree_attention(q, k_cache, v_cache, cache_len, mask).cpu()
 
 
 @pytest.mark.parametrize("B,H,Hkv,T,Dh,cache_len,Lmax,pad", [
@@ -64,8 +61,8 @@ def run(q, k_cache, v_cache, cache_len, parents):
     (3, 4, 1, 40, 8, [5, 0, 11], 60, 0.3),  # two mask words, multi-query (Hkv = 1)
     (2, 6, 3, 33, 4, [1, 2], 35, 0.0),  # cache exactly full in row 1
 ])
-def test_random_trees_match_brute_force(backend, B, H, Hkv, T, Dh, cache_len, Lmax, pad):
-    q, k_cache, v_cache, cache_len = make_inputs(B, H, Hkv, T, Dh, cache_len, Lmax, seed=T)
+def test_random_trees_match_brute_force(backend, device, B, H, Hkv, T, Dh, cache_len, Lmax, pad):
+    q, k_cache, v_cache, cache_len = make_inputs(B, H, Hkv, T, Dh, cache_len, Lmax, seed=T, device=device)
     parents = random_parents(random.Random(T), B, T, pad)
     got = run(q, k_cache, v_cache, cache_len, parents)
     assert got.dtype == q.dtype and got.shape == q.shape
@@ -74,11 +71,11 @@ def test_random_trees_match_brute_force(backend, B, H, Hkv, T, Dh, cache_len, Lm
 
 
 @pytest.mark.parametrize("Hkv", [1, 2, 4])
-def test_chain_equals_causal_attention(backend, Hkv):
+def test_chain_equals_causal_attention(backend, device, Hkv):
     B, H, T, Dh, L = 2, 4, 9, 16, 6
     q, k_cache, v_cache, cache_len = make_inputs(B, H, Hkv, T, Dh, [L, L], L + T + 3, seed=Hkv, garbage=0.0)
     chain = torch.arange(-1, T - 1).expand(B, T)
-    got = run(q, k_cache, v_cache, cache_len, chain)
+    got = run(*(t.to(device) for t in (q, k_cache, v_cache, cache_len, chain)))
     keys = k_cache[:, :, :L + T].repeat_interleave(H // Hkv, dim=1)
     vals = v_cache[:, :, :L + T].repeat_interleave(H // Hkv, dim=1)
     causal = torch.arange(L + T)[None, :] <= L + torch.arange(T)[:, None]  # [T, L + T]
@@ -86,10 +83,10 @@ def test_chain_equals_causal_attention(backend, Hkv):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_single_node_equals_plain_decoding(backend):
+def test_single_node_equals_plain_decoding(backend, device):
     B, H, Hkv, Dh = 3, 8, 2, 32
     q, k_cache, v_cache, cache_len = make_inputs(B, H, Hkv, 1, Dh, [4, 9, 0], 16, seed=1)
-    got = run(q, k_cache, v_cache, cache_len, torch.full((B, 1), -1))
+    got = run(*(t.to(device) for t in (q, k_cache, v_cache, cache_len, torch.full((B, 1), -1))))
     for b in range(B):
         n = int(cache_len[b]) + 1  # the prefix and the node itself
         keys = k_cache[b:b + 1, :, :n].repeat_interleave(H // Hkv, dim=1)
@@ -98,8 +95,8 @@ def test_single_node_equals_plain_decoding(backend):
         torch.testing.assert_close(got[b:b + 1], expected, rtol=1e-5, atol=1e-5)
 
 
-def test_padding_nodes_attend_to_prefix_and_themselves(backend):
-    q, k_cache, v_cache, cache_len = make_inputs(1, 2, 2, 4, 8, [3], 8, seed=2)
+def test_padding_nodes_attend_to_prefix_and_themselves(backend, device):
+    q, k_cache, v_cache, cache_len = make_inputs(1, 2, 2, 4, 8, [3], 8, seed=2, device=device)
     parents = torch.tensor([[-1, 0, -1, 1]])
     got = run(q, k_cache, v_cache, cache_len, parents)
     torch.testing.assert_close(got.double(), brute_force(q, k_cache, v_cache, cache_len, parents),
@@ -107,8 +104,8 @@ def test_padding_nodes_attend_to_prefix_and_themselves(backend):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_inputs_give_output_in_their_dtype(backend, dtype):
-    q, k_cache, v_cache, cache_len = make_inputs(2, 4, 2, 10, 16, [5, 2], 20, seed=3, dtype=dtype)
+def test_half_precision_inputs_give_output_in_their_dtype(backend, device, dtype):
+    q, k_cache, v_cache, cache_len = make_inputs(2, 4, 2, 10, 16, [5, 2], 20, seed=3, dtype=dtype, device=device)
     parents = random_parents(random.Random(3), 2, 10, 0.1)
     got = run(q, k_cache, v_cache, cache_len, parents)
     assert got.dtype == dtype
@@ -157,8 +154,98 @@ def _bad_cases():
 
 
 @pytest.mark.parametrize("case", range(len(_bad_cases())))
-def test_bad_input(backend, case):
+def test_bad_input(backend, device, case):
     change, exc, name = _bad_cases()[case]
-    args = {**_good_args(), **change}
+    args = {key: value.to(device) if isinstance(value, torch.Tensor) else value
+            for key, value in {**_good_args(), **change}.items()}
     with pytest.raises(exc, match=name):
         lantern.ops.tree_attention(**args)
+
+
+# --- fused backends against the reference, at the kernels' tile boundaries -------------------------
+
+CASES = [
+    # B, H, Hkv, T, Dh, cache_len, Lmax
+    (2, 16, 16, 64, 64, [1024, 300], 1100),  # the benchmark shape, ragged prefixes
+    (1, 8, 2, 70, 128, [65], 200),            # 3 tree words (bit 31 set: negative int32), 2 tree tiles, GQA 4
+    (3, 6, 3, 5, 80, [0, 7, 130], 140),       # Dh = 80 (generic path / padded lanes), an empty prefix
+    (2, 4, 1, 33, 16, [64, 63], 100),         # MQA: 4 heads x 33 nodes = 132 packed rows (3 row blocks)
+    (2, 2, 2, 1, 64, [9, 200], 201),          # T = 1 (decoding)
+]
+CASES_SMALL = [  # the interpreter's: a smaller first case, Dh below a dot tile in the last
+    (2, 4, 4, 64, 64, [300, 20], 400),   # ragged prefixes, several prefix tiles, a partial last tile
+    *CASES[1:4],
+    (2, 2, 2, 1, 8, [9, 200], 201),      # T = 1 (decoding), Dh below a dot tile
+]
+case_id = lambda c: f"B{c[0]}H{c[1]}kv{c[2]}T{c[3]}Dh{c[4]}"  # noqa: E731
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("backend,case", backends.case_params(
+    backends.FUSED, CASES, CASES_SMALL, ids=[case_id(c) for c in CASES], small_ids=[case_id(c) for c in CASES_SMALL]),
+    indirect=["backend"])
+def test_fused_matches_reference(backend, device, case, layout):
+    q, k, v, cache_len, mask = attention_case(*case, dtype=torch.float32, seed=sum(case[:5]), layout=layout,
+                                              device=device)
+    got = lantern.ops.tree_attention(q, k, v, cache_len, mask)
+    assert got.dtype == q.dtype and got.shape == q.shape and got.is_contiguous()
+    torch.testing.assert_close(got, reference_attention(q, k, v, cache_len, mask), rtol=2e-5, atol=2e-5)
+
+
+DTYPE_CASES = [(2, 4, 2, 9, 32, [20, 3], 40), CASES[1], CASES[2]]
+
+
+@pytest.mark.parametrize("backend", backends.params(backends.FUSED), indirect=True)
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 2e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("case", DTYPE_CASES, ids=[case_id(c) for c in DTYPE_CASES])
+def test_fused_dtypes(backend, device, case, dtype, tol):
+    if backend == "cpu" and dtype == torch.float64:
+        tol = 1e-5
+    q, k, v, cache_len, mask = attention_case(*case, dtype=dtype, seed=5, device=device)
+    got = lantern.ops.tree_attention(q, k, v, cache_len, mask)
+    assert got.dtype == dtype
+    want = reference_attention(q, k, v, cache_len, mask)
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol)
+
+
+def test_chain_over_an_empty_prefix_is_causal_attention(backend, device):
+    """A chain tree over an empty prefix is causal self-attention over the T new positions."""
+    B, H, T, Dh = 2, 4, 40, 32
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(B, H, T, Dh, generator=g).to(device) for _ in range(3))
+    chain = torch.arange(-1, T - 1).expand(B, T).to(device)
+    got = lantern.ops.tree_attention(q, k, v, torch.zeros(B, dtype=torch.int64, device=device),
+                                     lantern.ops.ancestor_mask(chain))
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=2e-5, atol=2e-5)
+
+
+def test_bad_input_messages(backend, device):
+    """The messages name the argument first."""
+    q, k, v, cache_len, mask = attention_case(1, 2, 2, 4, 8, [10], 14, dtype=torch.float32, seed=6, device=device)
+    attend = lantern.ops.tree_attention
+    with pytest.raises(ValueError, match="^cache_len must"):
+        attend(q, k, v, cache_len + 1, mask)
+    with pytest.raises(ValueError, match="multiple"):
+        attend(q[:, :1].expand(1, 3, 4, 8).contiguous(), k, v, cache_len, mask)
+    with pytest.raises(TypeError, match="^k_cache must"):
+        attend(q, k.double(), v, cache_len, mask)
+    with pytest.raises(ValueError, match="^tree_mask must set bit i"):
+        attend(q, k, v, cache_len, torch.zeros_like(mask))  # a node that does not see itself
+    with pytest.raises(ValueError, match="^q must have a contiguous last"):
+        attend(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, cache_len, mask)
+
+
+# --- GPT-XL's shapes (GPU) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", backends.params(["cuda", "triton"]), indirect=True)
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [257, 1024])
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 2e-3), (torch.float32, 2e-5)])
+def test_gpu_gpt_xl_shapes(backend, device, L, dtype, tol):
+    """GPT-XL's verification forward: B = 4 (2 images with CFG), H = 20, Dh = 64, a 64-node tree, ragged
+    prefixes of up to L tokens (256 image tokens + the class token)."""
+    q, k, v, cache_len, mask = attention_case(4, 20, 20, 64, 64, [L, L // 2 + 3, L, 1], L + 64, dtype=dtype,
+                                              seed=L, device=device)
+    got = lantern.ops.tree_attention(q, k, v, cache_len, mask)
+    torch.testing.assert_close(got.double(), reference_attention(q, k, v, cache_len, mask).double(),
+                               rtol=tol, atol=tol)
