@@ -1,23 +1,21 @@
-"""compact_kv (SPEC §6) against explicit per-position copies from an untouched clone."""
+"""compact_kv (SPEC §6) on every backend, against explicit per-position copies from an untouched clone and
+against the reference: every layer in one call, in place, bit-exact for every dtype (a copy). GPT-XL's
+cache runs on a GPU."""
 import random
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import backends
 import lantern
-
-BACKENDS = ["reference", "cpu", "triton"]  # fused backends join this list once they implement compact_kv
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    with lantern.fused(request.param):
-        yield request.param
+from lantern.ops.reference.compact_kv import compact_kv as reference_compact_kv
+from op_cases import compact_case
 
 
 def brute_force(cache, cache_len, path_nodes, n_keep):
-    """Copy position by position, reading every source from the untouched original."""
+    """Copy position by position, reading every source from the untouched original (on the CPU)."""
+    cache, cache_len, path_nodes, n_keep = (t.cpu() for t in (cache, cache_len, path_nodes, n_keep))
     original = cache.clone()
     expected = cache.clone()
     for b in range(path_nodes.shape[0]):
@@ -27,59 +25,94 @@ def brute_force(cache, cache_len, path_nodes, n_keep):
     return expected
 
 
-def random_case(rng: random.Random, lead, B, Hkv, Lmax, Dh, P, dtype=torch.float32):
-    """A cache with distinct values everywhere, and per row: a cache_len, a tree of T nodes that fits,
-    a kept path of root + accepted nodes (increasing node ids, as from a tree walk), -1 padded."""
-    cache = torch.arange(int(torch.tensor([*lead, B, Hkv, Lmax, Dh]).prod()), dtype=torch.float64)
-    cache = cache.reshape(*lead, B, Hkv, Lmax, Dh).to(dtype)
-    cache_len, path_nodes, n_keep = [], [], []
-    for _ in range(B):
-        T = rng.randint(1, Lmax)
-        L = rng.randint(0, Lmax - T)
-        keep = rng.randint(0, min(P, T))
-        nodes = [0] + sorted(rng.sample(range(1, T), keep - 1)) if keep else []
-        cache_len.append(L)
-        n_keep.append(keep)
-        path_nodes.append(nodes + [-1] * (P - keep))
-    as_long = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
-    return cache, as_long(cache_len), as_long(path_nodes).reshape(B, P), as_long(n_keep)
-
-
 def check(cache, cache_len, path_nodes, n_keep):
     expected = brute_force(cache, cache_len, path_nodes, n_keep)
     storage = cache.data_ptr()
     new_len = lantern.ops.compact_kv(cache, cache_len, path_nodes, n_keep)
     assert cache.data_ptr() == storage  # in place
-    assert torch.equal(cache, expected)
+    assert torch.equal(cache.cpu(), expected)
     assert new_len.dtype == torch.int64 and torch.equal(new_len, cache_len + n_keep)
     assert new_len.data_ptr() != cache_len.data_ptr()
 
 
-def test_by_hand(backend):
-    cache = torch.arange(10, dtype=torch.float32).reshape(1, 1, 10, 1)  # value = position
-    new_len = lantern.ops.compact_kv(cache, torch.tensor([3]), torch.tensor([[0, 2, 5, -1]]), torch.tensor([3]))
+def check_against_reference(cache, cache_len, path_nodes, n_keep):
+    """The active backend equals the reference bit for bit (every layer, K and V), in place."""
+    want = cache.clone()
+    want_len = reference_compact_kv(want, cache_len, path_nodes, n_keep)
+    storage = cache.data_ptr()
+    got_len = lantern.ops.compact_kv(cache, cache_len, path_nodes, n_keep)
+    assert cache.data_ptr() == storage
+    assert torch.equal(cache, want)
+    assert got_len.dtype == torch.int64 and torch.equal(got_len, want_len)
+
+
+def on(device, *tensors):
+    return [t.to(device) for t in tensors]
+
+
+def test_by_hand(backend, device):
+    cache, *args = on(device, torch.arange(10, dtype=torch.float32).reshape(1, 1, 10, 1),  # value = position
+                      torch.tensor([3]), torch.tensor([[0, 2, 5, -1]]), torch.tensor([3]))
+    new_len = lantern.ops.compact_kv(cache, *args)
     assert cache.flatten().tolist() == [0, 1, 2, 3, 5, 8, 6, 7, 8, 9]
     assert new_len.tolist() == [6]
 
 
-def test_overlapping_moves_read_sources_first(backend):
-    cache = torch.arange(8, dtype=torch.float32).reshape(1, 1, 8, 1)
-    lantern.ops.compact_kv(cache, torch.tensor([1]), torch.tensor([[3, 2, 1, 0]]), torch.tensor([4]))
+def test_overlapping_moves_read_sources_first(backend, device):
+    cache, *args = on(device, torch.arange(8, dtype=torch.float32).reshape(1, 1, 8, 1), torch.tensor([1]),
+                      torch.tensor([[3, 2, 1, 0]]), torch.tensor([4]))
+    new_len = lantern.ops.compact_kv(cache, *args)
     assert cache.flatten().tolist() == [0, 4, 3, 2, 1, 5, 6, 7]  # reversed: not a sequential copy
+    assert new_len.tolist() == [5]
+
+
+def test_pinned_case_and_strided_path(backend, device):
+    cache = torch.arange(8.0, device=device).repeat(2, 1).view(2, 1, 8, 1)
+    path = torch.tensor([[0, 0], [2, 1], [5, -1]], device=device).t()  # [B=2, P=3], not contiguous
+    new_len = lantern.ops.compact_kv(cache, torch.tensor([2, 0], device=device), path,
+                                     torch.tensor([3, 1], device=device))
+    assert new_len.tolist() == [5, 1]
+    assert cache[0, 0, :, 0].tolist() == [0, 1, 2, 4, 7, 5, 6, 7]
+    assert cache[1, 0, :, 0].tolist() == list(range(8))
 
 
 @pytest.mark.parametrize("lead", [(), (3,), (4, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_random_paths_all_layers(backend, lead, dtype):
+def test_random_paths_all_layers(backend, device, lead, dtype):
     rng = random.Random(len(lead))
-    check(*random_case(rng, lead, B=4, Hkv=2, Lmax=24, Dh=4, P=6, dtype=dtype))
+    check(*compact_case(rng, lead, B=4, Hkv=2, Lmax=24, Dh=4, P=6, dtype=dtype, device=device))
 
 
-def test_zero_and_full_keep(backend):
-    cache = torch.randn(2, 2, 3, 2, 10, 4)  # [layers, K/V, B, Hkv, Lmax, Dh]
-    cache_len = torch.tensor([0, 4, 7])
-    path_nodes = torch.tensor([[0, 1, 2], [-1, -1, -1], [0, 2, 1]])
-    check(cache, cache_len, path_nodes, torch.tensor([3, 0, 3]))  # row 2 ends exactly at Lmax
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("lead", [(), (2,), (3, 2), (2, 1, 2)], ids=["none", "kv", "layers-kv", "any"])
+def test_matches_reference(backend, device, lead, dtype):
+    """Ragged rows, P and Lmax from 1 to 12, Dh from 1 to 20; kept nodes in walk order or in any order."""
+    rng = random.Random(f"{lead}{dtype}")
+    for P, Lmax in [(1, 6), (4, 12), (9, 11), (7, 9)]:
+        for any_order in (False, True):
+            B, Hkv, Dh = rng.randint(1, 3), rng.randint(1, 3), rng.choice([1, 3, 8, 20])
+            check_against_reference(*compact_case(rng, lead, B, Hkv, Lmax, Dh, P, dtype, any_order, device=device))
+
+
+def test_wide_rows_and_paths(backend, device):
+    """Dh = 160 (two column chunks when P is wide), P = 70 (the kept block spans many slots)."""
+    rng = random.Random(1)
+    check_against_reference(*compact_case(rng, (2,), 2, 2, 90, 160, 70, torch.float32, device=device))
+
+
+def test_nothing_kept_returns_the_lengths(backend, device):
+    rng = random.Random(2)
+    cache, cache_len, path_nodes, _ = compact_case(rng, (2,), 3, 2, 10, 4, 3, torch.float32, device=device)
+    before = cache.clone()
+    got = lantern.ops.compact_kv(cache, cache_len, path_nodes, torch.zeros_like(cache_len))
+    assert torch.equal(got, cache_len) and got.data_ptr() != cache_len.data_ptr() and torch.equal(cache, before)
+
+
+def test_zero_and_full_keep(backend, device):
+    cache, *args = on(device, torch.randn(2, 2, 3, 2, 10, 4),  # [layers, K/V, B, Hkv, Lmax, Dh]
+                      torch.tensor([0, 4, 7]), torch.tensor([[0, 1, 2], [-1, -1, -1], [0, 2, 1]]),
+                      torch.tensor([3, 0, 3]))
+    check(cache, *args)  # row 2 ends exactly at Lmax
 
 
 @settings(max_examples=40, deadline=None)
@@ -87,10 +120,10 @@ def test_zero_and_full_keep(backend):
 def test_property_matches_brute_force(seed, B, P, n_lead):
     rng = random.Random(seed)
     lead = tuple(rng.randint(1, 3) for _ in range(n_lead))
-    case = random_case(rng, lead, B=B, Hkv=rng.randint(1, 3), Lmax=rng.randint(1, 12), Dh=rng.randint(1, 4), P=P)
-    for backend in BACKENDS:
-        with lantern.fused(backend):
-            check(*[t.clone() for t in case])
+    case = compact_case(rng, lead, B=B, Hkv=rng.randint(1, 3), Lmax=rng.randint(1, 12), Dh=rng.randint(1, 4), P=P)
+    for name in backends.usable(backends.NAMES):
+        with lantern.fused(name):
+            check(*[t.clone().to(backends.device_for(name)) for t in case])
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -122,7 +155,22 @@ def _good_args():
     (dict(cache_len=torch.tensor([3, 8]), path_nodes=torch.tensor([[0, 2, -1], [0, 1, -1]])),
      ValueError, "n_keep"),  # 8 + 3 > Lmax
 ])
-def test_bad_input(backend, change, exc, name):
-    args = {**_good_args(), **change}
-    with pytest.raises(exc, match=name):
+def test_bad_input(backend, device, change, exc, name):
+    args = {key: value.to(device) if isinstance(value, torch.Tensor) else value
+            for key, value in {**_good_args(), **change}.items()}
+    before = args["cache"].clone() if isinstance(args["cache"], torch.Tensor) else None
+    with pytest.raises(exc, match=f"^{name} "):
         lantern.ops.compact_kv(**args)
+    if before is not None:
+        assert torch.equal(args["cache"], before)  # rejected before anything moves
+
+
+# --- GPT-XL's cache (GPU) ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", backends.params(["cuda", "triton"]), indirect=True)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_gpt_xl_cache(backend, device, dtype):
+    """GPT-XL's cache: 36 layers x K/V, B = 2 (with CFG: 4 rows), 20 kv heads, Lmax = 256 + 1 + 65, Dh = 64."""
+    rng = random.Random(3)
+    check_against_reference(*compact_case(rng, (36, 2), 4, 20, 322, 64, 8, dtype, device=device))

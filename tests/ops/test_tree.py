@@ -6,8 +6,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import lantern
-from tree_cases import random_expansion, random_parents
+from op_cases import random_expansion, random_parents
 
+# No backend implements ancestor_mask / build_tree yet: on every other backend the public ops would run this
+# same reference code, so these tests narrow the shared ``backend`` fixture (tests/ops/conftest.py) to it.
 BACKENDS = ["reference"]  # fused backends join this list once they implement ancestor_mask / build_tree
 
 

@@ -1,0 +1,102 @@
+"""philox_uniform on the backends that implement it (reference; cpu and cuda: csrc/include/lantern/philox.h
+via csrc/cpu, csrc/cuda) against SPEC §5's known answers and the reference, bit for bit; the extension op's
+own checks and CUDA-graph replay. (Triton's Philox lives inside its verify kernel:
+tests/ops/test_verify_triton.py.)"""
+import pytest
+import torch
+
+import backends
+from lantern.ops.reference import philox as ref
+
+PHILOX = backends.params(["reference", "cpu", "cuda"])
+
+
+def philox(backend):
+    """The backend's implementation (for cpu and cuda, the extension's wrapper, called directly)."""
+    if backend == "reference":
+        return ref.philox_uniform
+    from lantern.ops import fused_cpu
+    return fused_cpu.philox_uniform
+
+# SPEC §5: seed, (c0, c1, c2, c3) -> word 0, u, E
+KNOWN = [
+    (0, (0, 0, 0, 0), 0x6627E8D5, 0.7980929017066956, 1.5999475717544556),
+    (123456789012345, (0, 3, 5, 11), 0x9DFD5F02, 0.7657051682472229, 1.4511749744415283),
+    (42, (0x80000000, 1, 0, 0), 0x5E221A30, 0.7354156374931335, 1.3295950889587402),
+    (42, (16383, 58, 7, 1000), 0xB60EA391, 0.5776782035827637, 0.8619877099990845),
+    (2**64 - 1, (0xFFFFFFFF,) * 4, 0x408F276D, 0.5043686628341675, 0.7019228935241699),
+]
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32).view(torch.int32)
+
+
+@pytest.mark.parametrize("backend", PHILOX, indirect=True)
+@pytest.mark.parametrize("seed,counters,word,u,E", KNOWN)
+def test_known_answers(backend, device, seed, counters, word, u, E):
+    cs = [torch.tensor([c], dtype=torch.int64, device=device) for c in counters]
+    got = philox(backend)(seed, *cs)
+    assert got.dtype == torch.float32 and got.device == device
+    assert torch.equal(_bits(got.cpu()), _bits(torch.tensor([u])))  # bit-exact float32
+    assert torch.equal(_bits(ref.uint_to_uniform(torch.tensor([word]))), _bits(got.cpu()))
+    E_got = -torch.log1p(-got.cpu())  # E as the spec computes it, from this u
+    assert torch.equal(_bits(E_got), _bits(torch.tensor([E])))
+
+
+@pytest.mark.parametrize("backend", PHILOX, indirect=True)
+def test_matches_reference_on_random_counters(backend, device):
+    gen = torch.Generator().manual_seed(0)
+    for seed in [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 987654321987654321]:
+        cs = [torch.randint(0, 2**32, (1000,), generator=gen, dtype=torch.int64) for _ in range(4)]
+        want = ref.philox_uniform(seed, *cs)
+        got = philox(backend)(seed, *(c.to(device) for c in cs)).cpu()
+        assert torch.equal(_bits(got), _bits(want)), seed
+
+
+@pytest.mark.parametrize("backend", PHILOX, indirect=True)
+def test_broadcasting_dtypes_and_seed_tensors(backend, device):
+    c0 = torch.arange(16383 - 7, 16383 + 1, device=device, dtype=torch.int32)  # [8] token ids
+    c1 = torch.arange(5, device=device)[:, None]  # [5, 1] nodes
+    c2, c3 = 3, torch.tensor(2**32 - 1, device=device)  # row (int), offset (0-d device tensor)
+    want = ref.philox_uniform(2**63 + 5, c0.cpu(), c1.cpu(), c2, c3.cpu())
+    assert want.shape == (5, 8)
+    seeds = [2**63 + 5, torch.tensor(2**63 + 5 - 2**64, device=device), torch.tensor([2**63 + 5 - 2**64])]
+    for seed in seeds:
+        got = philox(backend)(seed, c0, c1, c2, c3)
+        assert got.shape == (5, 8) and torch.equal(_bits(got.cpu()), _bits(want))
+    assert philox(backend)(1, 2, 3, 4, 5).shape == ()  # all ints: a 0-d tensor
+    empty = philox(backend)(1, torch.zeros(0, dtype=torch.int64, device=device), 0, 0, 0)
+    assert empty.shape == (0,)
+
+
+@pytest.mark.parametrize("backend", backends.params(["cpu", "cuda"]), indirect=True)
+@pytest.mark.parametrize("bad,match", [
+    (dict(c1=torch.zeros(3)), "c1"),  # float counter
+    (dict(seed=torch.tensor([1, 2])), "seed"),  # two elements
+    (dict(seed=torch.tensor(1.0)), "seed"),
+    (dict(c2=torch.zeros(2, dtype=torch.int64)), "size|shape|broadcast"),  # [3] vs [2]
+])
+def test_extension_op_rejects_bad_input(backend, device, bad, match):
+    args = dict(seed=torch.tensor(1), c0=torch.zeros(3, dtype=torch.int64), c1=torch.tensor(0), c2=torch.tensor(0),
+                c3=torch.tensor(0))
+    args.update(bad)
+    args = {key: value.to(device) for key, value in args.items()}
+    with pytest.raises((RuntimeError, ValueError, TypeError), match=match):
+        torch.ops.lantern.philox_uniform(**args)
+
+
+@pytest.mark.parametrize("backend", backends.params(["cuda"]), indirect=True)
+def test_cuda_graph_replay_with_new_seed_and_offset(backend):
+    seed, offset = torch.tensor(1, device="cuda"), torch.tensor(0, device="cuda")
+    c0 = torch.arange(64, device="cuda")
+    philox(backend)(seed, c0, 1, 2, offset)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # counters as device tensors: nothing is copied from the host
+        out = torch.ops.lantern.philox_uniform(seed, c0, torch.ones_like(c0), torch.full_like(c0, 2), offset)
+    for s, o in [(5, 0), (7, 11), (2**62, 2**32 - 1)]:
+        seed.fill_(s)
+        offset.fill_(o)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(_bits(out.cpu()), _bits(ref.philox_uniform(s, c0.cpu(), 1, 2, o)))
