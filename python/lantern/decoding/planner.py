@@ -97,50 +97,56 @@ class AcceptanceModel:
                 hits[d] *= self.memory
                 trials[d] *= self.memory
 
-    def chain_rate(self, depth: int) -> float:
-        """b_d: the pooled chain-equivalent acceptance of level ``depth`` (1-based)."""
+    def chain_rates(self, max_depth: int) -> List[float]:
+        """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level (one pass over
+        the data; a level no plan reached yet gets every level's pooled rate)."""
         overall_n, overall = self.prior_weight, self.prior * self.prior_weight
-        level_n, level = 0.0, 0.0
+        level_n, level = [0.0] * max_depth, [0.0] * max_depth
         for plan, (hits, trials) in self.counts.items():
-            e = plan.effective_width()
-            for d in range(plan.depth):
+            inv_e = 1.0 / plan.effective_width()
+            for d in range(min(plan.depth, max_depth)):
                 if trials[d] <= 0:
                     continue
-                rate = min(hits[d] / trials[d], 1.0 - 1e-9)
-                b = 1.0 - (1.0 - rate) ** (1.0 / e)
+                b = 1.0 - (1.0 - min(hits[d] / trials[d], 1.0 - 1e-9)) ** inv_e
                 overall_n += trials[d]
                 overall += trials[d] * b
-                if d + 1 == depth:
-                    level_n += trials[d]
-                    level += trials[d] * b
-        pooled = overall / overall_n  # every depth's data, for levels no plan reached yet
-        return (level + self.prior_weight * pooled) / (level_n + self.prior_weight)
+                level_n[d] += trials[d]
+                level[d] += trials[d] * b
+        pooled = overall / overall_n
+        return [(level[d] + self.prior_weight * pooled) / (level_n[d] + self.prior_weight) for d in range(max_depth)]
 
-    def level_rates(self, plan: Plan) -> List[float]:
+    def chain_rate(self, depth: int) -> float:
+        """b_d of level ``depth`` (1-based)."""
+        return self.chain_rates(depth)[depth - 1]
+
+    def level_rates(self, plan: Plan, chain_rates: Optional[Sequence[float]] = None) -> List[float]:
         """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1)."""
+        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth)
         e = plan.effective_width()
-        hits, trials = self.counts.get(plan, [[0.0] * plan.depth, [0.0] * plan.depth])
+        counts = self.counts.get(plan)
         rates = []
         for d in range(plan.depth):
-            shared = 1.0 - (1.0 - self.chain_rate(d + 1)) ** e
-            rates.append((hits[d] + self.plan_weight * shared) / (trials[d] + self.plan_weight))
+            shared = 1.0 - (1.0 - b[d]) ** e
+            hits, trials = (counts[0][d], counts[1][d]) if counts else (0.0, 0.0)
+            rates.append((hits + self.plan_weight * shared) / (trials + self.plan_weight))
         return rates
 
-    def survival(self, plan: Plan) -> List[float]:
+    def survival(self, plan: Plan, chain_rates: Optional[Sequence[float]] = None) -> List[float]:
         """S_p(d) = P(accept_len >= d) for d = 1..plan.depth."""
         out, s = [], 1.0
-        for h in self.level_rates(plan):
+        for h in self.level_rates(plan, chain_rates):
             s *= h
             out.append(s)
         return out
 
-    def expected_tokens(self, plan: Plan, n_active: int, rows_reaching: Sequence[int]) -> float:
+    def expected_tokens(self, plan: Plan, n_active: int, rows_reaching: Sequence[int],
+                        chain_rates: Optional[Sequence[float]] = None) -> float:
         """Tokens the active rows emit in one step of ``plan``: each emits 1 + accepted drafts, never past
         the image end. rows_reaching[d-1] = active rows with at least d + 1 tokens still to generate."""
         total = float(n_active)
         if plan.is_ar:
             return total
-        for d, s in enumerate(self.survival(plan)):
+        for d, s in enumerate(self.survival(plan, chain_rates)):
             if d >= len(rows_reaching):
                 break
             total += rows_reaching[d] * s
@@ -196,6 +202,7 @@ class Planner:
         self.plans = [p for p in plans if cost_model.knows(p.name)]
         if AR_PLAN not in self.plans:
             raise ValueError("the cost model has no entry for 'ar'")
+        self._max_depth = max(p.depth for p in self.plans)
         self.acceptance = acceptance or AcceptanceModel()
         self.records: Dict[str, PlanRecord] = {}
         self.adapt_costs = adapt_costs
@@ -203,22 +210,29 @@ class Planner:
 
     @property
     def max_depth(self) -> int:
-        return max(p.depth for p in self.plans)
+        return self._max_depth
 
-    def step_seconds(self, plan: Plan, rows: int) -> float:
+    def step_seconds(self, plan: Plan, rows: int, ratios: Optional[Tuple[float, float]] = None) -> float:
         """The cost model's seconds for one step, corrected by the run's measurements (adapt_costs)."""
         seconds = self.cost_model.step_seconds(plan.name, rows)
         if not self.adapt_costs:
             return seconds
-        ar_measured, ar_predicted = self.recent.get(AR_PLAN.name, (0.0, 0.0))
-        ar_ratio = ar_measured / ar_predicted if ar_predicted > 0 else 1.0
+        ar_ratio, spec_ratio = ratios or self._ratios()
         if plan.is_ar:
             return seconds * ar_ratio
-        drafted = [pair for name, pair in self.recent.items() if name != AR_PLAN.name]
-        predicted = sum(p for _, p in drafted)
-        spec_ratio = sum(m for m, _ in drafted) / predicted if predicted > 0 else ar_ratio
         m, p = self.recent.get(plan.name, (0.0, 0.0))
         return seconds * (m + seconds * spec_ratio) / (p + seconds)
+
+    def _ratios(self) -> Tuple[float, float]:
+        """measured / predicted over AR's recent steps, and over every drafting plan's."""
+        ar_measured, ar_predicted = self.recent.get(AR_PLAN.name, (0.0, 0.0))
+        ar_ratio = ar_measured / ar_predicted if ar_predicted > 0 else 1.0
+        measured = predicted = 0.0
+        for name, (m, p) in self.recent.items():
+            if name != AR_PLAN.name:
+                measured += m
+                predicted += p
+        return ar_ratio, measured / predicted if predicted > 0 else ar_ratio
 
     def forget(self) -> None:
         """One step passes: the acceptance data and the recent step times lose weight."""
@@ -229,10 +243,12 @@ class Planner:
 
     def rates(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> List[Tuple[float, float, Plan]]:
         """(expected tokens, predicted seconds, plan) for every candidate, AR first."""
+        b = self.acceptance.chain_rates(self.max_depth)
+        ratios = self._ratios() if self.adapt_costs else None
         out = []
         for plan in self.plans:
-            seconds = self.step_seconds(plan, rows)
-            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching), seconds, plan))
+            seconds = self.step_seconds(plan, rows, ratios)
+            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b), seconds, plan))
         return out
 
     def choose(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> Decision:
@@ -266,6 +282,5 @@ class Planner:
     def summary(self) -> dict:
         return {"plans": {name: rec.as_dict() for name, rec in sorted(self.records.items(),
                                                                          key=lambda kv: -kv[1].steps)},
-                "chain_rate_per_depth": [round(self.acceptance.chain_rate(d), 4)
-                                         for d in range(1, self.max_depth + 1)]}
+                "chain_rate_per_depth": [round(b, 4) for b in self.acceptance.chain_rates(self.max_depth)]}
 

@@ -424,13 +424,13 @@ def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasu
 
 
 def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
-              plans: Sequence[Plan], rows_grid: Sequence[int] = CALIBRATION_ROWS, reps: int = 3,
-              max_point_s: float = 0.3, budget_s: float = 5.0) -> Dict[str, Dict[int, float]]:
+              plans: Sequence[Plan], rows_grid: Sequence[int] = CALIBRATION_ROWS, reps: int = 2,
+              max_point_s: float = 0.3, budget_s: float = 4.0) -> Dict[str, Dict[int, float]]:
     """Seconds per step of every plan at each row count of ``rows_grid``: a fresh decoding state per point
     (labels cycled from cond_idx), one untimed step (first calls, caches), then the fastest of ``reps``
-    timed steps (on a shared device, load only ever adds time). Every plan is timed at the smallest row count; a larger one is skipped when the last point
-    scaled by the rows would exceed ``max_point_s``, or once ``budget_s`` is spent (the cost model
-    extrapolates)."""
+    timed steps (on a shared device, load only ever adds time). Every plan is timed at the two smallest row counts (a cost and a slope); a
+    larger one is skipped when the last point scaled by the rows would exceed ``max_point_s``, or once
+    ``budget_s`` is spent (the cost model extrapolates along the last slope)."""
     device = target.tok_embeddings.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     halves = 2 if sampling.guided else 1
@@ -440,7 +440,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
         B = max(rows // halves, 1)
         labels = cond_idx[torch.arange(B, device=cond_idx.device) % cond_idx.shape[0]]
         for plan in plans:
-            if i > 0:
+            if i > 1:
                 measured = points[plan.name]
                 last_rows = max(measured)
                 if measured[last_rows] * B * halves / last_rows > max_point_s:
