@@ -228,7 +228,11 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
   static_assert(R == 4, "P is written and read as one float4 per key");
   static_assert(Dp % 32 == 0 && Dp <= kTreeAttnMaxDh, "Dp: a multiple of 32, at most kTreeAttnMaxDh");
   constexpr int kLdK = Dp + 4;  // K row stride in shared memory: conflict-free float4 reads down the keys
+#ifdef LANTERN_SIMT_EMULATION  // host logic tests (csrc/tests/cuda_emulation) supply the dynamic shared memory
+  float* smem = lantern_emu_dynamic_smem();
+#else
   extern __shared__ __align__(16) float smem[];
+#endif
   float* q_s = smem;                        // [kRows, Dp] scaled queries
   float* k_s = q_s + kTreeAttnRows * Dp;    // [N, kLdK]
   float* v_s = k_s + N * kLdK;              // [N, Dp]
