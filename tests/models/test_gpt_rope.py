@@ -10,7 +10,8 @@ from gpt_testing import small_gpt
 
 
 def rotate_reference(x, r, c, base=10000.0):
-    """x [Dh] float64 -> rotated [Dh], written out pair by pair from LLAMAGEN.md."""
+    """x [Dh] float64 -> rotated [Dh], LlamaGen's 2D RoPE written out pair by pair: the first half of the
+    pairs rotates by the row r, the second half by the column c."""
     Dh = x.shape[0]
     quarter = Dh // 4
     out = x.clone()

@@ -62,6 +62,7 @@ def test_auto_prefers_cuda_then_triton_on_cuda_tensors(monkeypatch):
     _backend._load_backends()  # so the real availability checks are in place before they are replaced
     cuda = torch.device("cuda")
     fake_cuda_kernel = object()
+    monkeypatch.setenv("LANTERN_SELF_CHECK", "0")  # on a GPU machine the self-check would reject the stand-in
     monkeypatch.setitem(_backend._REGISTRY["cuda"], "tree_attention", fake_cuda_kernel)
     monkeypatch.setitem(_backend._AVAILABILITY, "cuda", lambda: None)
     monkeypatch.setitem(_backend._AVAILABILITY, "triton", lambda: None)

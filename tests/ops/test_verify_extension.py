@@ -70,18 +70,28 @@ def test_bad_input_raises_like_reference(backend, device):
         top_k=on(torch.zeros(B, dtype=torch.int64)), top_p=on(torch.ones(B, dtype=torch.float64)), draft_probs=None,
         k=0, delta=0.0, lam=None, node_budget=False, seed=on(torch.tensor(0)), offset=on(torch.tensor(0))), **over})
     direct()  # a valid call: every node but the root is padding
+
+    def rejects(match, bad_row, **over):
+        """The kernel's value checks: a ValueError on cpu; on cuda (no host sync) the bad row is marked -1
+        and the other row is untouched (docs/semantics.md)."""
+        if device.type != "cuda":
+            with pytest.raises(ValueError, match=match):
+                direct(**over)
+            return
+        accept_len, path, next_token, status = (t.cpu() for t in direct(**over))
+        assert accept_len[bad_row] == -1 and next_token[bad_row] == -1, match
+        assert (path[bad_row] == -1).all() and (status[bad_row] == -1).all(), match
+        assert accept_len[1 - bad_row] >= 0 and next_token[1 - bad_row] >= 0, match
+
     parents_bad = torch.full((B, T), -1)
     parents_bad[1, 2] = 2
-    with pytest.raises(ValueError, match="parents"):
-        direct(parents=on(parents_bad))
+    rejects("parents", 1, parents=on(parents_bad))
     tok_bad, par_ok = torch.zeros(B, T, dtype=torch.int64), torch.full((B, T), -1)
     par_ok[0, 1], tok_bad[0, 1] = 0, V
-    with pytest.raises(ValueError, match="tokens"):
-        direct(tokens=on(tok_bad), parents=on(par_ok))
+    rejects("tokens", 0, tokens=on(tok_bad), parents=on(par_ok))
     tok_ok = torch.zeros(B, T, dtype=torch.int64)
     nb_bad = torch.full((V, 2), V, dtype=torch.int32)
-    with pytest.raises(ValueError, match="neighbours"):
-        direct(tokens=on(tok_ok), parents=on(par_ok), neighbours=on(nb_bad), k=2)
+    rejects("neighbours", 0, tokens=on(tok_ok), parents=on(par_ok), neighbours=on(nb_bad), k=2)
     with pytest.raises(ValueError, match="k=3 exceeds"):
         direct(neighbours=on(nb_bad), k=3)
     with pytest.raises(TypeError, match="top_p"):
