@@ -26,6 +26,15 @@ def why_unavailable(name: str) -> Optional[str]:
     return lantern._backend._why_unavailable(name)
 
 
+def cuda_kernel_marks(op: str) -> list:
+    """pytestmark for a file of CUDA-kernel tests of ``lantern::<op>``: gpu, and a skip with the reason
+    when there is no device or lantern._C has no CUDA kernel for the op."""
+    why = why_unavailable("cuda")
+    if why is None and not torch._C._dispatch_has_kernel_for_dispatch_key(f"lantern::{op}", "CUDA"):
+        why = f"lantern._C was built without the CUDA {op} kernel"
+    return [pytest.mark.gpu, pytest.mark.skipif(why is not None, reason=str(why))]
+
+
 def on_gpu(name: str) -> bool:
     """Whether the backend's tensors live on a CUDA device."""
     return name == "cuda" or (name == "triton" and torch.cuda.is_available())

@@ -9,21 +9,10 @@ import pytest
 import torch
 
 from lantern.ops.reference import latent_neighbours as reference
+from backends import cuda_kernel_marks
 
 
-def _why_skipped():
-    if not torch.cuda.is_available():
-        return "needs a CUDA device"
-    try:
-        import lantern._C  # noqa: F401
-    except ImportError as err:
-        return f"lantern._C is not built: {err}"
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("lantern::latent_neighbours", "CUDA"):
-        return "lantern._C was built without CUDA kernels"
-    return None
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_why_skipped() is not None, reason=str(_why_skipped()))]
+pytestmark = cuda_kernel_marks("latent_neighbours")
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 

@@ -13,24 +13,13 @@ import pytest
 import torch
 
 import lantern
+from backends import cuda_kernel_marks
 from lantern import ops
 from lantern.ops.reference.verify import VerifyResult
-from op_cases import AGREEMENT, random_case, random_neighbours, rows_agree, to_device
+from op_cases import AGREEMENT, agreement, random_case, random_neighbours, to_device
 
 
-def _why_skipped():
-    if not torch.cuda.is_available():
-        return "needs a CUDA device"
-    try:
-        import lantern._C  # noqa: F401
-    except ImportError as err:
-        return f"lantern._C is not built: {err}"
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("lantern::verify", "CUDA"):
-        return "lantern._C was built without the CUDA verify kernel"
-    return None
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_why_skipped() is not None, reason=str(_why_skipped()))]
+pytestmark = cuda_kernel_marks("verify")
 
 
 def cpu_and_cuda(args, kwargs):
@@ -43,14 +32,7 @@ def cpu_and_cuda(args, kwargs):
 
 
 def assert_agree(cases, exact=False):
-    rows = agree = 0
-    bad = []
-    for seed, (args, kwargs) in cases.items():
-        same = rows_agree(*cpu_and_cuda(args, kwargs))
-        rows += len(same)
-        agree += int(same.sum())
-        if not same.all():
-            bad.append(seed)
+    agree, rows, bad = agreement(cpu_and_cuda, cases)
     print(f"verify cuda vs cpu: {agree}/{rows} rows agree, cases with a mismatch: {bad}")
     assert (agree == rows) if exact else (agree / rows >= AGREEMENT), (agree, rows, bad)
 
