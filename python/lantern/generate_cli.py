@@ -211,13 +211,22 @@ def _spec_figures(all_stats) -> dict:
     plans = {}
     for s in all_stats:
         for name, rec in s.planner.get("plans", {}).items():
-            acc = plans.setdefault(name, {"steps": 0, "expected_tokens": 0.0, "predicted_s": 0.0, "tokens": 0,
-                                          "measured_s": 0.0})
-            for key in acc:
+            acc = plans.setdefault(name, {"steps": 0, "probes": 0, "expected_tokens": 0.0, "predicted_s": 0.0,
+                                          "tokens": 0, "measured_s": 0.0, "runner_up": {},
+                                          "runner_up_tokens_per_s": 0.0, "ar_expected_tokens_per_s": 0.0,
+                                          "mean_expected_tokens_per_s": 0.0})
+            for key in ("steps", "probes", "expected_tokens", "predicted_s", "tokens", "measured_s"):
                 acc[key] += rec[key]
+            for key in ("runner_up_tokens_per_s", "ar_expected_tokens_per_s", "mean_expected_tokens_per_s"):
+                acc[key] += (rec[key] or 0.0) * rec["steps"]
+            if rec["runner_up"]:
+                acc["runner_up"][rec["runner_up"]] = acc["runner_up"].get(rec["runner_up"], 0) + rec["steps"]
     for acc in plans.values():
         acc["expected_tokens_per_s"] = acc["expected_tokens"] / acc["predicted_s"] if acc["predicted_s"] else None
         acc["achieved_tokens_per_s"] = acc["tokens"] / acc["measured_s"] if acc["measured_s"] else None
+        for key in ("runner_up_tokens_per_s", "ar_expected_tokens_per_s", "mean_expected_tokens_per_s"):
+            acc[key] = acc[key] / acc["steps"] if acc["steps"] else None  # step-weighted means
+        acc["runner_up"] = max(acc["runner_up"], key=acc["runner_up"].get) if acc["runner_up"] else None
     if plans:
         out["plans"] = plans
         out["chain_rate_per_depth"] = all_stats[-1].planner.get("chain_rate_per_depth")
@@ -235,8 +244,15 @@ def _print_figures(f: dict, args) -> None:
             how = "read from the cache" if cm["source"] == "cache" else f"measured in {cm['calibration_s']:.1f}s"
             print(f"tree auto: cost model {how} ({cm['path']})")
         for name, p in sorted(f.get("plans", {}).items(), key=lambda kv: -kv[1]["steps"]):
-            print(f"  {name:>7}: {p['steps']:5d} steps, expected {p['expected_tokens_per_s']:8.1f} tokens/s, "
-                  f"achieved {p['achieved_tokens_per_s']:8.1f} tokens/s")
+            why = f"mean prediction per step: {name} {p['mean_expected_tokens_per_s']:.1f}"
+            if p["runner_up"]:
+                why += f", next best {p['runner_up']} {p['runner_up_tokens_per_s']:.1f}"
+            if name != "ar":
+                why += f", AR {p['ar_expected_tokens_per_s']:.1f}"
+            if p["probes"]:
+                why += f"; {p['probes']} steps only timed AR"
+            print(f"  {name:>7}: {p['steps']:4d} steps, expected {p['expected_tokens_per_s']:7.1f} tokens/s, "
+                  f"achieved {p['achieved_tokens_per_s']:7.1f} ({why})")
         if "speedup_vs_ar" in f:
             print(f"speed-up vs AR (same process): {f['speedup_vs_ar']:.2f}x (AR {f['ar_wall_s']:.2f}s)")
     if "class_accuracy" in f:

@@ -161,9 +161,18 @@ class PlanRecord:
     predicted_s: float = 0.0
     tokens: int = 0
     measured_s: float = 0.0
+    probes: int = 0  # AR steps taken to measure AR's time, not because AR was predicted fastest
+    runner_up: Dict[str, int] = None  # the best other plan of each step -> steps
+    runner_up_rate: float = 0.0  # sum over steps of that plan's predicted tokens/s
+    ar_rate: float = 0.0  # sum over steps of AR's predicted tokens/s
+    rate: float = 0.0  # sum over steps of this plan's predicted tokens/s
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps,
+        top = max(self.runner_up, key=self.runner_up.get) if self.runner_up else None
+        return {"steps": self.steps, "probes": self.probes, "runner_up": top,
+                "runner_up_tokens_per_s": self.runner_up_rate / self.steps if self.steps else None,
+                "ar_expected_tokens_per_s": self.ar_rate / self.steps if self.steps else None,
+                "mean_expected_tokens_per_s": self.rate / self.steps if self.steps else None,
                 "expected_tokens_per_s": self.expected_tokens / self.predicted_s if self.predicted_s > 0 else None,
                 "achieved_tokens_per_s": self.tokens / self.measured_s if self.measured_s > 0 else None,
                 "expected_tokens": round(self.expected_tokens, 2), "tokens": self.tokens,
@@ -177,6 +186,9 @@ class Decision:
     predicted_s: float
     ar_tokens_per_s: float  # what AR would give, the bar every other plan had to clear
     rows: int = 0  # rows of the forward (finished rows included)
+    runner_up: Optional[Plan] = None  # the best plan other than the chosen one, and its tokens/s
+    runner_up_rate: float = 0.0
+    probe: bool = False  # an AR step taken to measure AR's time (adapt_costs)
 
     @property
     def tokens_per_s(self) -> float:
@@ -257,19 +269,27 @@ class Planner:
         step there is), so AR's prediction is corrected like the others'."""
         rates = self.rates(rows, n_active, rows_reaching)
         ar_tokens, ar_s, _ = next(r for r in rates if r[2].is_ar)
-        best = Decision(AR_PLAN, ar_tokens, ar_s, ar_tokens / ar_s, rows)
-        for tokens, seconds, plan in rates:
-            if tokens / seconds > best.tokens_per_s:
-                best = Decision(plan, tokens, seconds, best.ar_tokens_per_s, rows)
-        if self.adapt_costs and not best.plan.is_ar:
+        ar_rate = ar_tokens / ar_s
+        ranked = sorted(rates, key=lambda r: (-r[0] / r[1], not r[2].is_ar))  # AR first among equals
+        tokens, seconds, plan = ranked[0]
+        second = ranked[1] if len(ranked) > 1 else None
+        decision = Decision(plan, tokens, seconds, ar_rate, rows, second and second[2],
+                            second[0] / second[1] if second else 0.0)
+        if self.adapt_costs and not plan.is_ar:
             evidence = self.recent.get(AR_PLAN.name, (0.0, 0.0))[1]
             if evidence < AR_EVIDENCE * self.cost_model.step_seconds(AR_PLAN.name, rows):
-                return Decision(AR_PLAN, ar_tokens, ar_s, ar_tokens / ar_s, rows)
-        return best
+                return Decision(AR_PLAN, ar_tokens, ar_s, ar_rate, rows, plan, tokens / seconds, probe=True)
+        return decision
 
     def record(self, decision: Decision, tokens: int, measured_s: float) -> None:
-        rec = self.records.setdefault(decision.plan.name, PlanRecord())
+        rec = self.records.setdefault(decision.plan.name, PlanRecord(runner_up={}))
         rec.steps += 1
+        rec.probes += decision.probe
+        rec.ar_rate += decision.ar_tokens_per_s
+        rec.rate += decision.tokens_per_s
+        if decision.runner_up is not None:
+            rec.runner_up[decision.runner_up.name] = rec.runner_up.get(decision.runner_up.name, 0) + 1
+            rec.runner_up_rate += decision.runner_up_rate
         rec.expected_tokens += decision.expected_tokens
         rec.predicted_s += decision.predicted_s
         rec.tokens += tokens
