@@ -4,6 +4,14 @@ official LlamaGen checkpoints (tests/models/test_gpt_state_dict.py).
 
 Sequence layout: [C condition tokens] + image tokens in raster order (C = 1 for c2i, 120 for t2i).
 Cache position of image token t (raster index t) is C + t once the prefix before it is committed.
+
+t2i caption padding (``emb_masks`` [B, C], 1 = a real caption position), LlamaGen's rule: no query
+attends to a padded caption position except that position itself. The cached forward writes the
+condition's K/V, then drops the padded positions' K/V from the row's cache (ops.compact_kv), so later
+forwards see only the real caption keys through ``ops.tree_attention`` unchanged; row b's committed
+prefix then holds ``cond_keys[b]`` = the real caption positions instead of C, and image token t sits at
+cache position cond_keys[b] + t. Exact because a key's cache position carries no meaning: RoPE is
+applied before caching, and condition keys are zero anyway. docs/semantics.md "t2i caption padding".
 """
 from __future__ import annotations
 
@@ -71,6 +79,26 @@ GPT_CONFIGS: Dict[str, GPTConfig] = {
     # The project's own small default model: 8x8 = 64 image tokens of a 1024-code VQ-tiny, 10 classes.
     "GPT-tiny": GPTConfig(n_layer=4, n_head=4, dim=256, vocab_size=1024, num_classes=10, block_size=64),
 }
+
+
+def check_emb_masks(emb_masks, rows: int, cond_len: int, device) -> torch.Tensor:
+    """emb_masks [rows, cond_len] bool or integer 0/1 (1 = a real caption position, LlamaGen's T5
+    attention mask) -> bool [rows, cond_len] on ``device``; a clear error otherwise (one host sync)."""
+    if not isinstance(emb_masks, torch.Tensor):
+        raise TypeError(f"emb_masks must be a tensor [B, {cond_len}], got {type(emb_masks).__name__}")
+    if emb_masks.dtype != torch.bool and (emb_masks.dtype.is_floating_point or emb_masks.dtype.is_complex):
+        raise TypeError(f"emb_masks must be bool or an integer dtype (1 = a real caption position), "
+                        f"got {emb_masks.dtype}")
+    if tuple(emb_masks.shape) != (rows, cond_len):
+        raise ValueError(f"emb_masks must have shape [{rows}, {cond_len}] (rows x caption positions), "
+                         f"got {list(emb_masks.shape)}")
+    if emb_masks.device != torch.device(device):
+        raise ValueError(f"emb_masks must be on {device} (the condition's device), got {emb_masks.device}")
+    if emb_masks.dtype == torch.bool:
+        return emb_masks
+    if bool(((emb_masks != 0) & (emb_masks != 1)).any()):
+        raise ValueError("emb_masks values must be 0 (padding) or 1 (a real caption position)")
+    return emb_masks != 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -151,9 +179,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, kv: Optional[torch.Tensor] = None,
-                step: Optional[CacheStep] = None) -> torch.Tensor:
+                step: Optional[CacheStep] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x [B, T, dim], rope [B, T, Dh/2, 2]; kv = this layer's cache [2, B, Hkv, Lmax, Dh] or None
-        (then plain causal attention over the T positions)."""
+        (then attention over the T positions: causal, or ``mask`` [B, 1, T, T] bool, True = attend)."""
         B, T, _ = x.shape
         H, Hkv, Dh = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.wqkv(x).split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
@@ -164,7 +192,10 @@ class Attention(nn.Module):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, Dh]
             if Hkv != H:
                 k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
+            if mask is None:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             k_cache, v_cache = kv[0], kv[1]  # [B, Hkv, Lmax, Dh] views into the model's cache
             k_cache[step.rows, :, step.slots] = k.to(k_cache.dtype)  # [B, T, Hkv, Dh] at cache_len + t
@@ -182,8 +213,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def forward(self, x, rope, kv=None, step=None):
-        h = x + self.attention(self.attention_norm(x), rope, kv, step)
+    def forward(self, x, rope, kv=None, step=None, mask=None):
+        h = x + self.attention(self.attention_norm(x), rope, kv, step, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -265,6 +296,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.register_buffer("freqs_cis", None, persistent=False)  # [C + block_size, Dh/2, 2]
         self.register_buffer("kv_cache", None, persistent=False)  # [n_layer, 2, B, Hkv, Lmax, Dh]
+        self.register_buffer("cond_keys", None, persistent=False)  # [B] int64 condition keys per cache row
         self.reset_rope()
         self.initialize_weights()
 
@@ -294,16 +326,20 @@ class Transformer(nn.Module):
     def setup_cache(self, batch: int, max_len: int, dtype: Optional[torch.dtype] = None, device=None) -> torch.Tensor:
         """Allocate the static KV cache [n_layer, 2, batch, Hkv, max_len, Dh] (zeros) for every layer;
         max_len counts condition and image positions (C + block_size is a whole image) plus room for a
-        draft tree. One tensor, so ``lantern.ops.compact_kv(model.kv_cache, ...)`` compacts all layers."""
+        draft tree. One tensor, so ``lantern.ops.compact_kv(model.kv_cache, ...)`` compacts all layers.
+        ``cond_keys`` [batch] int64 (C until a prefill with ``emb_masks`` lowers it) counts each row's
+        condition keys: the committed prefix of a row with n image tokens is cond_keys + n."""
         cfg = self.config
         dtype = dtype or self.tok_embeddings.weight.dtype
         device = device if device is not None else self.tok_embeddings.weight.device
         self.kv_cache = torch.zeros(cfg.n_layer, 2, batch, cfg.kv_heads, max_len, cfg.head_dim, dtype=dtype,
                                     device=device)
+        self.cond_keys = torch.full((batch,), cfg.cond_len, dtype=torch.int64, device=device)
         return self.kv_cache
 
     def free_cache(self) -> None:
         self.kv_cache = None
+        self.cond_keys = None
 
     # -- conditions and guidance --------------------------------------------------------------------
 
@@ -319,7 +355,8 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: Optional[torch.Tensor] = None, cond_idx: Optional[torch.Tensor] = None, *,
                 cache_len: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                tree_mask: Optional[torch.Tensor] = None, return_hidden: bool = False):
+                tree_mask: Optional[torch.Tensor] = None, return_hidden: bool = False,
+                emb_masks: Optional[torch.Tensor] = None):
         """Cached forward for prefill, AR decoding and tree verification (call ``setup_cache`` first).
 
         tokens [B, T] int64 image tokens (None or T = 0 allowed with a condition); cond_idx: c2i class ids
@@ -327,12 +364,18 @@ class Transformer(nn.Module):
         first (a chain), then the T tokens. cache_len [B] int64: positions already cached per row (may
         differ per row); the new C' = (C if cond_idx else 0) + T keys/values are written at
         cache_len[b] .. cache_len[b] + C' - 1. positions [B, T] int64: raster index of each image token
-        (its 2D-RoPE position); default cache position - C, i.e. a chain following the committed prefix.
+        (its 2D-RoPE position); default cache position - cond_keys, i.e. a chain following the committed
+        prefix.
         tree_mask [B, T, ceil(T/32)] int32 packed ancestor bits among the T tokens (bit j of token i set iff
         j is i or an ancestor), None = causal chain. Returns logits [B, T_out, V] float32 with
         T_out = T, or 1 + T with a condition (the last condition position, which predicts image token 0,
         then the T tokens); with return_hidden also the hidden states [B, T_out, dim] after the final
-        norm (logits = output(hidden)), what an EAGLE drafter consumes."""
+        norm (logits = output(hidden)), what an EAGLE drafter consumes.
+
+        emb_masks [B, C] bool / integer 0-1 (t2i, with cond_idx only; None = every caption position real):
+        padded caption positions are attended by no query but themselves, and after this forward their K/V
+        are dropped from the cache (row b's prefix grows by cond_keys[b] = emb_masks[b].sum() + T, not
+        C + T; read ``cond_keys`` for the new cache lengths). All ones is exactly the unmasked forward."""
         if self.kv_cache is None:
             raise RuntimeError("call model.setup_cache(batch, max_len) before the cached forward")
         parts, ropes = [], []
@@ -341,11 +384,13 @@ class Transformer(nn.Module):
             parts.append(cond)
             ropes.append(self.freqs_cis[: self.cond_len].expand(cond.shape[0], -1, -1, -1))  # zeros
         n_cond = self.cond_len if cond_idx is not None else 0
+        masks = self._caption_masks(emb_masks, cond_idx)  # [B, C] bool, None = no padding
         T = 0 if tokens is None else tokens.shape[1]
         if T > 0:
             B = tokens.shape[0]
-            if positions is None:
-                positions = cache_len[:, None] + n_cond - self.cond_len + torch.arange(T, device=tokens.device)
+            if positions is None:  # a chain after the committed prefix, or after this call's condition
+                start = cache_len if cond_idx is not None else cache_len - self.cond_keys[:B]  # [B]
+                positions = start[:, None] + torch.arange(T, device=tokens.device)
             if positions.shape != tokens.shape:
                 raise ValueError(f"positions must have shape {list(tokens.shape)}, got {list(positions.shape)}")
             self._check_ranges(tokens, positions)
@@ -368,19 +413,24 @@ class Transformer(nn.Module):
             rows=torch.arange(B, device=x.device)[:, None].expand(B, T_new),
             slots=cache_len[:, None] + torch.arange(T_new, device=x.device),
             cache_len=cache_len,
-            tree_mask=self._full_tree_mask(tree_mask, n_cond, T, B, x.device),
+            tree_mask=self._full_tree_mask(tree_mask, n_cond, T, B, x.device, masks),
         )
         kv_cache = self.kv_cache[:, :, :B] if B < self.kv_cache.shape[2] else self.kv_cache
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, kv_cache[i], step)
+        if cond_idx is not None:
+            self._commit_condition(cache_len, masks, T)
         return self._head(x[:, max(n_cond - 1, 0):], return_hidden)
 
     def forward_full(self, idx: torch.Tensor, cond_idx: torch.Tensor, *, force_drop_ids: Optional[torch.Tensor] = None,
-                     return_hidden: bool = False):
+                     return_hidden: bool = False, emb_masks: Optional[torch.Tensor] = None):
         """No-cache training path: [condition] + idx [B, L] with plain causal attention (same math).
         In training mode the condition is dropped with probability class_dropout_prob (force_drop_ids [B]
-        overrides). Returns logits [B, 1 + L, V] float32 (position i predicts image token i), and with
-        return_hidden the post-norm hidden states [B, 1 + L, dim]."""
+        overrides; a dropped caption keeps its emb_masks, as in LlamaGen). emb_masks [B, C] (t2i): causal
+        attention in which no query sees a padded caption position but that position itself. Returns logits
+        [B, 1 + L, V] float32 (position i predicts image token i), and with return_hidden the post-norm
+        hidden states [B, 1 + L, dim]."""
+        masks = self._caption_masks(emb_masks, cond_idx)  # [B, C] bool, None = no padding
         B, L = idx.shape
         drop = None
         if force_drop_ids is not None:
@@ -389,8 +439,9 @@ class Transformer(nn.Module):
             drop = torch.rand(B, device=idx.device) < self.config.class_dropout_prob
         x = torch.cat([self.embed_condition(cond_idx, drop), self.tok_embeddings(idx)], dim=1)  # [B, C + L, dim]
         rope = self.freqs_cis[None, : x.shape[1]]  # [1, C + L, Dh/2, 2]
+        mask = None if masks is None else self._dense_mask(masks, x.shape[1])[:, None]  # [B, 1, C + L, C + L]
         for layer in self.layers:
-            x = layer(x, rope)
+            x = layer(x, rope, mask=mask)
         return self._head(x[:, self.cond_len - 1:], return_hidden)
 
     def loss(self, tokens: torch.Tensor, cond_idx: torch.Tensor) -> torch.Tensor:
@@ -416,14 +467,54 @@ class Transformer(nn.Module):
             raise ValueError(f"positions (raster indices) must be in [0, block_size={cfg.block_size}), "
                              f"got {positions[bad_pos][0].item()}")
 
+    def _caption_masks(self, emb_masks, cond_idx) -> Optional[torch.Tensor]:
+        """The checked caption mask [B, C] bool, or None without one or when every position is real (then
+        the forward is the unmasked one, bit for bit)."""
+        if emb_masks is None:
+            return None
+        if self.model_type != "t2i":
+            raise ValueError("emb_masks (caption padding) is for t2i models; this model is c2i")
+        if cond_idx is None:
+            raise ValueError("emb_masks belongs to the condition: pass it with cond_idx (the captions)")
+        masks = check_emb_masks(emb_masks, cond_idx.shape[0], self.cond_len, cond_idx.device)
+        return None if bool(masks.all()) else masks
+
+    def _commit_condition(self, cache_len: torch.Tensor, masks: Optional[torch.Tensor], T: int) -> None:
+        """After a forward that wrote the condition at cache_len: record each row's condition keys, and
+        with masks move the kept K/V (real caption positions, then the T tokens) down over the padded ones."""
+        B, C = cache_len.shape[0], self.cond_len
+        if masks is None:
+            self.cond_keys[:B] = C
+            return
+        keep = torch.cat([masks, masks.new_ones(B, T)], dim=1)  # [B, C + T] new positions whose K/V stay
+        n_keep = keep.sum(1)  # [B]
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # [B, C + T] kept ones first, in order
+        kept = torch.where(torch.arange(C + T, device=keep.device) < n_keep[:, None], order, -1)
+        rows = self.kv_cache.shape[2]  # compact_kv takes the whole cache; rows past B keep nothing
+        pad = rows - B
+        ops.compact_kv(self.kv_cache, F.pad(cache_len, (0, pad)), F.pad(kept, (0, 0, 0, pad), value=-1),
+                       F.pad(n_keep, (0, pad)))
+        self.cond_keys[:B] = masks.sum(1)
+
+    def _dense_mask(self, masks: torch.Tensor, n: int) -> torch.Tensor:
+        """[B, n, n] bool, True = attend, over [C condition] + image positions: causal, and a padded caption
+        column j (masks[b, j] False) is seen by query j alone (LlamaGen's mask times emb_masks, diagonal kept)."""
+        C = self.cond_len
+        col = torch.arange(n, device=masks.device)
+        real = torch.cat([masks, masks.new_ones(masks.shape[0], n - C)], dim=1)  # [B, n] real columns
+        causal = col[None, :] <= col[:, None]  # [n, n]
+        return causal & (real[:, None, :] | torch.eye(n, dtype=torch.bool, device=masks.device))
+
     @staticmethod
-    def _full_tree_mask(tree_mask, n_cond: int, T: int, B: int, device) -> torch.Tensor:
+    def _full_tree_mask(tree_mask, n_cond: int, T: int, B: int, device,
+                        masks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The packed mask over the n_cond + T new positions: the condition tokens are a chain that every
-        image token follows; among the image tokens, tree_mask (None = causal)."""
-        if tree_mask is None:
+        image token follows; among the image tokens, tree_mask (None = causal). masks [B, n_cond] bool
+        (caption padding): a padded condition position is seen by itself alone."""
+        if tree_mask is None and masks is None:
             n = n_cond + T
             return pack_bits(torch.ones(n, n, dtype=torch.bool, device=device).tril()).expand(B, -1, -1)
-        if tree_mask.shape[:2] != (B, T):
+        if tree_mask is not None and tree_mask.shape[:2] != (B, T):
             raise ValueError(f"tree_mask must have shape [{B}, {T}, {(T + 31) // 32}], got {list(tree_mask.shape)}")
         if n_cond == 0:
             return tree_mask
@@ -431,7 +522,10 @@ class Transformer(nn.Module):
         bits = torch.zeros(B, n, n, dtype=torch.bool, device=device)
         bits[:, :n_cond, :n_cond] = torch.ones(n_cond, n_cond, dtype=torch.bool, device=device).tril()
         bits[:, n_cond:, :n_cond] = True
-        bits[:, n_cond:, n_cond:] = unpack_bits(tree_mask, T)
+        bits[:, n_cond:, n_cond:] = (torch.ones(T, T, dtype=torch.bool, device=device).tril() if tree_mask is None
+                                     else unpack_bits(tree_mask, T))
+        if masks is not None:
+            bits[:, :, :n_cond] &= masks[:, None, :] | torch.eye(n, n_cond, dtype=torch.bool, device=device)
         return pack_bits(bits)
 
 
