@@ -1,11 +1,13 @@
-"""Decoding loops: autoregressive sampling (``ar``) and speculative / LANTERN decoding (``spec``)."""
+"""Decoding loops: autoregressive sampling (``ar``), speculative / LANTERN decoding (``spec``) and MAR's
+masked loop with a diffusion head (``mar``)."""
 from .ar import generate_ar, sample_next
 from .costs import CostModel
+from .mar import MARSample, MARStats, generate_mar, sample_mar
 from .planner import Plan, Planner, candidate_plans
 from .spec import SpecConfig, SpecStats, generate_spec, resolve_cost_model
 
 __all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfig", "SpecStats", "CostModel", "Plan",
-           "Planner", "candidate_plans", "resolve_cost_model"]
+           "Planner", "candidate_plans", "resolve_cost_model", "sample_mar", "generate_mar", "MARSample", "MARStats"]
 
 
 def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbours=None, tree: str = "auto",
@@ -16,7 +18,12 @@ def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbou
     Returns (tokens [B, L], SpecStats or None for AR); L = ``length`` (default: the whole image).
     tree: "auto" (the planner picks each step's tree, or a plain AR step, from the device's measured costs
     and the run's acceptance), "chain", "static" or "dynamic".
-    tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft, cost_model, plans)."""
+    tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft, cost_model, plans).
+    A MAR model (``model.family == "mar"``) samples with ``sample_mar``: -> (tokens [B, L, C], MARStats);
+    its options (num_iter, cfg_schedule, image_ids, ...) are passed as keywords."""
+    if getattr(model, "family", None) == "mar":
+        return generate_mar(model, cond_idx, drafter=drafter, cfg_scale=cfg_scale, temperature=temperature,
+                            seed=seed, **tree_options)
     if method == "ar":
         return generate_ar(model, cond_idx, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                            top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length), None

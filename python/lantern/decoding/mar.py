@@ -1,0 +1,241 @@
+"""MAR's sampling loop with explicit, counter-based noise.
+
+Every random number comes from the project's Philox stream (SPEC §5, ``lantern.ops.philox_uniform``), keyed
+by what it is for, never by where it sits in a batch (``noise_counters``):
+
+    key = seed (64 bits)
+    c0  = purpose << 24 | box_muller_half << 23 | channel
+    c1  = image id (the image's index in the whole run, not its batch row)
+    c2  = token position (raster index)
+    c3  = respaced diffusion step t (x_T: 0; the order: 0; residual tries: the try number)
+
+A Gaussian is Box-Muller on two uniforms, half 0 and half 1: sqrt(-2 log(1 - u0)) cos(2 pi u1), in float32.
+So the same seed gives the same image at any batch size or composition, and two models sampling the same
+position of the same image (a drafter and a target) see the same x_T and the same eps_t.
+
+The loop (``sample_mar``) is the reference's: a random order per image (argsort of one uniform per
+position), consumed from its end; the cosine mask schedule, shared by the batch; every remaining token on the
+last step; linear (1 + (cfg - 1) (L - still masked) / L) or constant guidance, applied on eps inside every
+diffusion step; temperature on the per-step noise std only.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Union
+
+import torch
+
+from .. import ops
+
+# purposes (c0's top byte)
+PURPOSE_ORDER = 1  # the order of an image's positions
+PURPOSE_X_T = 2  # the diffusion chain's start
+PURPOSE_EPS = 3  # eps_t of respaced steps t = T-1 .. 1
+PURPOSE_EPS_0 = 4  # eps_0 (only with last_step_noise: CSpD's exact rule)
+PURPOSE_RESIDUAL = 5  # reserved for CSpD's residual sampler: one Gaussian per try, c3 = the try
+_HALF_BIT = 1 << 23
+MAX_CHANNELS = 1 << 23
+
+IntOrTensor = Union[int, torch.Tensor]
+
+
+def noise_counters(purpose: int, half: int, channel: IntOrTensor, image: IntOrTensor, position: IntOrTensor,
+                   step: IntOrTensor):
+    """The Philox counter (c0, c1, c2, c3) of one uniform: see the module docstring. Broadcasting int64
+    tensors (or ints); every field must fit its bits (channel < 2^23, the others < 2^32)."""
+    c0 = (purpose << 24) | (half * _HALF_BIT) | channel
+    return c0, image, position, step
+
+
+def gaussian(seed: int, purpose: int, image: torch.Tensor, position: torch.Tensor, step: IntOrTensor,
+             channels: int) -> torch.Tensor:
+    """Standard normals [N, channels] float32 for rows (image [N], position [N]) at ``step``."""
+    if not 0 < channels <= MAX_CHANNELS:
+        raise ValueError(f"channels must be in 1..{MAX_CHANNELS}, got {channels}")
+    channel = torch.arange(channels, dtype=torch.int64, device=image.device)[None, :]  # [1, C]
+    img, pos = image.to(torch.int64)[:, None], position.to(torch.int64)[:, None]  # [N, 1]
+    u0 = ops.philox_uniform(seed, *noise_counters(purpose, 0, channel, img, pos, step))
+    u1 = ops.philox_uniform(seed, *noise_counters(purpose, 1, channel, img, pos, step))
+    u0, u1 = torch.broadcast_tensors(u0, u1)
+    return torch.sqrt(-2.0 * torch.log1p(-u0)) * torch.cos((2.0 * math.pi) * u1)
+
+
+def sample_orders(seed: int, image_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One random permutation of range(seq_len) per image [B, L] int64: positions sorted by their uniform
+    (ties, which need two equal 31-bit draws, go to the lower position)."""
+    positions = torch.arange(seq_len, dtype=torch.int64, device=image_ids.device)[None, :]
+    u = ops.philox_uniform(seed, *noise_counters(PURPOSE_ORDER, 0, 0, image_ids.to(torch.int64)[:, None], positions, 0))
+    return torch.argsort(u, dim=1, stable=True)
+
+
+def next_mask_len(seq_len: int, num_iter: int, step: int, n_masked: int) -> int:
+    """How many positions stay masked after MAR step ``step``: floor(L cos(pi/2 (step+1)/num_iter)), at
+    least 1 and at most n_masked - 1 (n_masked: masked now)."""
+    ratio = math.cos(math.pi / 2.0 * (step + 1) / num_iter)
+    return max(1, min(n_masked - 1, math.floor(seq_len * ratio)))
+
+
+def mask_by_order(mask_len: int, orders: torch.Tensor) -> torch.Tensor:
+    """[B, L] bool: the first ``mask_len`` positions of each image's order masked."""
+    mask = torch.zeros(orders.shape, dtype=torch.bool, device=orders.device)
+    return mask.scatter_(1, orders[:, :mask_len], True)
+
+
+def cfg_scale_at(cfg: float, schedule: str, seq_len: int, mask_len: int) -> float:
+    """The guidance of a step whose post-step masked count is mask_len."""
+    if schedule == "linear":
+        return 1.0 + (cfg - 1.0) * (seq_len - mask_len) / seq_len
+    if schedule == "constant":
+        return float(cfg)
+    raise ValueError(f"cfg_schedule must be 'linear' or 'constant', got {schedule!r}")
+
+
+def tokens_per_step(seq_len: int, num_iter: int) -> List[int]:
+    """How many tokens each MAR step predicts (the schedule alone, no model)."""
+    counts, n_masked = [], seq_len
+    for step in range(num_iter):
+        mask_len = next_mask_len(seq_len, num_iter, step, n_masked)
+        new = n_masked if step >= num_iter - 1 else n_masked - mask_len
+        counts.append(max(new, 0))
+        n_masked = mask_len
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MARStats:
+    steps: int = 0
+    tokens_per_step: List[int] = field(default_factory=list)
+    transformer_forwards: int = 0  # forward calls (a guided call runs 2B rows)
+    head_evaluations: int = 0  # net calls of the head (one per diffusion step per MAR step)
+    transformer_s: float = 0.0
+    head_s: float = 0.0
+    wall_s: float = 0.0
+
+
+@dataclass
+class MARSample:
+    """tokens [B, L, C] (scaled latent tokens; ``model.unpatchify`` -> [B, c, h, w]) and, with
+    ``head_stats=True``, per position the head's last-step mean [B, L, C], std [B, L, C] (times the
+    temperature) and S [B, L] = sum over steps t >= 1 and channels of log sigma_t."""
+    tokens: torch.Tensor
+    stats: MARStats
+    mean0: Optional[torch.Tensor] = None
+    std0: Optional[torch.Tensor] = None
+    logstd_sum: Optional[torch.Tensor] = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def predict_positions(model, z: torch.Tensor, z_uncond: Optional[torch.Tensor], to_predict: torch.Tensor,
+                      image_ids: torch.Tensor, *, seed: int, cfg: float, temperature: float,
+                      last_step_noise: bool = False):
+    """Run the head for the positions ``to_predict`` [B, L] bool (the same count in every row) with the
+    noise of (seed, image, position): -> (rows (b, p), HeadSample of those rows in batch-major, ascending
+    position order). z, z_uncond [B, L, Dd] (z_uncond None: no guidance)."""
+    b, p = to_predict.nonzero(as_tuple=True)
+    img = image_ids[b]
+    C = model.config.token_embed_dim
+    x_T = gaussian(seed, PURPOSE_X_T, img, p, 0, C)
+    eps = lambda t: gaussian(seed, PURPOSE_EPS, img, p, t, C)
+    eps0 = gaussian(seed, PURPOSE_EPS_0, img, p, 0, C) if last_step_noise else None
+    out = model.diffloss.sample(z[b, p], x_T.to(z.device), eps, temperature=temperature, cfg=cfg,
+                                z_uncond=None if z_uncond is None else z_uncond[b, p], last_step_noise=eps0)
+    return (b, p), out
+
+
+@torch.no_grad()
+def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg: float = 1.0,
+               cfg_schedule: str = "linear", temperature: float = 1.0, seed: int = 0,
+               image_ids: Optional[torch.Tensor] = None, batch: Optional[int] = None, last_step_noise: bool = False,
+               head_stats: bool = False, on_step: Optional[Callable[[int, int], None]] = None) -> MARSample:
+    """Sample B images' tokens with MAR's loop.
+
+    labels [B] int64 class ids (None: unconditional, ``batch`` images). image_ids [B] (default 0..B-1): the
+    images' indices in the whole run, which key all their noise; pass them when a run is split into
+    batches. cfg != 1 doubles the transformer batch (the unconditional half sees the same tokens) and
+    guides eps in each diffusion step; cfg_schedule "linear" | "constant". ``on_step(step, n_tokens)`` after
+    each MAR step (progress bars)."""
+    cfg_ = model.config
+    device = model.fake_latent.device
+    B = labels.shape[0] if labels is not None else batch
+    if B is None or B < 1:
+        raise ValueError("sample_mar needs labels [B] or batch >= 1")
+    if num_iter < 1:
+        raise ValueError(f"num_iter must be >= 1, got {num_iter}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    cfg_scale_at(cfg, cfg_schedule, 1, 0)  # validates the schedule name
+    image_ids = torch.arange(B, device=device) if image_ids is None else image_ids.to(device=device, dtype=torch.int64)
+    if image_ids.shape != (B,):
+        raise ValueError(f"image_ids must have shape [{B}], got {list(image_ids.shape)}")
+    if bool((image_ids < 0).any()) or bool((image_ids >= 2**32).any()):
+        raise ValueError("image_ids must be in [0, 2^32)")
+    L, C = cfg_.seq_len, cfg_.token_embed_dim
+    guided = cfg != 1.0
+    cond = model.class_embedding(labels.to(device) if labels is not None else None, batch=B)  # [B, De]
+    if guided:
+        cond = torch.cat([cond, model.class_embedding(None, batch=B)])
+
+    tokens = torch.zeros(B, L, C, device=device)
+    mask = torch.ones(B, L, dtype=torch.bool, device=device)
+    orders = sample_orders(seed, image_ids, L)
+    stats = MARStats()
+    keep = dict(mean0=torch.zeros(B, L, C, device=device), std0=torch.zeros(B, L, C, device=device),
+                logstd_sum=torch.zeros(B, L, device=device)) if head_stats else None
+    t_start = time.perf_counter()
+    for step in range(num_iter):
+        t0 = time.perf_counter()
+        if guided:
+            z_all = model.forward_z(torch.cat([tokens, tokens]), torch.cat([mask, mask]), cond)
+            z, z_uncond = z_all[:B], z_all[B:]
+        else:
+            z, z_uncond = model.forward_z(tokens, mask, cond), None
+        _sync(device)
+        t1 = time.perf_counter()
+        n_masked = int(mask[0].sum())
+        mask_len = next_mask_len(L, num_iter, step, n_masked)
+        mask_next = mask_by_order(mask_len, orders)
+        to_predict = mask if step >= num_iter - 1 else mask & ~mask_next
+        n_new = int(to_predict[0].sum())
+        if n_new > 0:
+            scale = cfg_scale_at(cfg, cfg_schedule, L, mask_len)
+            (b, p), out = predict_positions(model, z, z_uncond, to_predict, image_ids, seed=seed, cfg=scale,
+                                            temperature=temperature, last_step_noise=last_step_noise)
+            tokens = tokens.clone()
+            tokens[b, p] = out.tokens.to(tokens.dtype)
+            if keep is not None:
+                keep["mean0"][b, p] = out.mean0
+                keep["std0"][b, p] = out.std0
+                keep["logstd_sum"][b, p] = out.logstd_sum
+            stats.head_evaluations += model.diffloss.gen_diffusion.num_timesteps
+        _sync(device)
+        t2 = time.perf_counter()
+        mask = mask_next
+        stats.steps += 1
+        stats.transformer_forwards += 1
+        stats.tokens_per_step.append(n_new)
+        stats.transformer_s += t1 - t0
+        stats.head_s += t2 - t1
+        if on_step is not None:
+            on_step(step, n_new)
+    stats.wall_s = time.perf_counter() - t_start
+    return MARSample(tokens=tokens, stats=stats, **(keep or {}))
+
+
+def generate_mar(model, labels: Optional[torch.Tensor], *, drafter=None, cfg_scale: float = 1.0,
+                 temperature: float = 1.0, seed: int = 0, **options):
+    """``lantern.generate`` for MAR models: -> (tokens [B, L, C], MARStats). options go to ``sample_mar``
+    (num_iter, cfg_schedule, image_ids, last_step_noise, on_step)."""
+    if drafter is not None:
+        raise NotImplementedError("speculative decoding of MAR models (continuous speculative decoding) is not "
+                                  "implemented yet; call without a drafter")
+    out = sample_mar(model, labels, cfg=cfg_scale, temperature=temperature, seed=seed, **options)
+    return out.tokens, out.stats
