@@ -12,6 +12,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import ops
+from ..models.gpt import check_emb_masks
 
 Number = Union[int, float, torch.Tensor]
 
@@ -29,6 +30,17 @@ def sample_next(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], *, 
     return result.next_token
 
 
+def condition_masks(model, cond_idx: torch.Tensor, emb_masks: Optional[torch.Tensor], guided: bool):
+    """emb_masks [B, C] (t2i caption padding) checked against the batch -> the masks of the model's rows:
+    [2B, C] with guidance (the uncond rows keep their caption's mask, as LlamaGen does), or None."""
+    if emb_masks is None:
+        return None
+    if model.config.model_type != "t2i":
+        raise ValueError("emb_masks (caption padding) is for t2i models; this model is c2i")
+    masks = check_emb_masks(emb_masks, cond_idx.shape[0], model.config.cond_len, cond_idx.device)
+    return torch.cat([masks, masks]) if guided else masks
+
+
 def check_length(length: Optional[int], block_size: int) -> int:
     """The number of tokens to generate: ``length``, or the whole image (block_size) when None."""
     if length is None:
@@ -41,9 +53,11 @@ def check_length(length: Optional[int], block_size: int) -> int:
 @torch.no_grad()
 def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, temperature: Number = 1.0,
                 top_k: Number = 0, top_p: Number = 1.0, cfg_interval: int = -1, seed: int = 0,
-                on_token: Optional[Callable[[int], None]] = None, length: Optional[int] = None) -> torch.Tensor:
+                on_token: Optional[Callable[[int], None]] = None, length: Optional[int] = None,
+                emb_masks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sample a whole image's tokens: cond_idx c2i class ids [B] (or t2i caption features [B, C, D]) ->
-    tokens [B, L] int64, L = the model's block_size.
+    tokens [B, L] int64, L = the model's block_size. emb_masks [B, C] (t2i): 1 = a real caption
+    position; padded positions are attended by no image token (``Transformer.forward``).
 
     Guidance (cfg_scale != 1) doubles the batch as [cond; uncond] like LlamaGen; with cfg_interval >= 0,
     steps after cfg_interval use the conditional logits alone (LlamaGen's cfg_interval). The sampled
@@ -53,12 +67,14 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     B = cond_idx.shape[0]
     L, C = check_length(length, model.config.block_size), model.config.cond_len
     guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
+    masks = condition_masks(model, cond_idx, emb_masks, guided)
     cond = model.double_for_cfg(cond_idx) if guided else cond_idx
     rows = cond.shape[0]
     device = model.tok_embeddings.weight.device
     model.setup_cache(rows, C + L)
     cache_len = torch.zeros(rows, dtype=torch.int64, device=device)
-    logits = model(None, cond, cache_len=cache_len)[:, -1]  # [rows, V]: predicts image token 0
+    logits = model(None, cond, cache_len=cache_len, emb_masks=masks)[:, -1]  # [rows, V]: predicts image token 0
+    prefix = model.cond_keys[:rows].clone()  # [rows] condition keys left in each row's cache
     tokens = torch.empty(B, L, dtype=torch.int64, device=device)
     for step in range(L):
         lc, lu = (logits[:B], logits[B:]) if guided else (logits, None)
@@ -71,7 +87,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
             on_token(step)
         if step + 1 < L:
             feed = tokens[:, step : step + 1].repeat(rows // B, 1)  # [rows, 1], both CFG halves
-            cache_len = torch.full((rows,), C + step, dtype=torch.int64, device=device)
+            cache_len = prefix + step
             logits = model(feed, cache_len=cache_len)[:, -1]
     model.free_cache()
     return tokens

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .ar import check_length, sample_next
+from .ar import check_length, condition_masks, sample_next
 from .costs import CostModel, cache_key, cached_cost_model
 from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans
 from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_shape, unguided_past_interval
@@ -126,12 +126,13 @@ class _Loop:
     """The decoding state of a batch (prefilled at construction) and its two kinds of step."""
 
     def __init__(self, target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
-                 plans: Sequence[Plan], catch_up: bool):
+                 plans: Sequence[Plan], catch_up: bool, emb_masks: Optional[torch.Tensor] = None):
         self.target, self.drafter, self.neighbours, self.config, self.s, self.L = (
             target, drafter, neighbours, config, sampling, L)
         self.relaxed = config.method == "lantern"
         B = self.B = cond_idx.shape[0]
         C = target.config.cond_len
+        masks = condition_masks(target, cond_idx, emb_masks, sampling.guided)  # [rows, C] or None
         cond = target.double_for_cfg(cond_idx) if sampling.guided else cond_idx
         self.rows = cond.shape[0]
         self.halves = self.rows // B
@@ -139,17 +140,18 @@ class _Loop:
         beams = max((p.depth * p.top_per_node for p in plans if p.kind == "dynamic"), default=0)
         # prefill: the condition, then the first token exactly as AR does
         target.setup_cache(self.rows, C + L + T_max)
-        logits, hidden = target(None, cond, cache_len=torch.zeros(self.rows, dtype=torch.int64), return_hidden=True)
+        logits, hidden = target(None, cond, cache_len=torch.zeros(self.rows, dtype=torch.int64), return_hidden=True,
+                                emb_masks=masks)
         lc, lu = (logits[:B, -1], logits[B:, -1]) if sampling.guided else (logits[:, -1], None)
         first = sample_next(lc, lu, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
                             top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, offset=0)
         self.out = torch.zeros(B, L, dtype=torch.int64)
         self.out[:, 0] = first
         self.n_done = torch.ones(B, dtype=torch.int64)
-        self.target_len = torch.full((self.rows,), C, dtype=torch.int64)
+        self.target_len = target.cond_keys[: self.rows].clone()  # C, or the real caption positions
         # AR steps leave up to L tokens for the drafter to catch up on, at most T_max from a tree step
         room = T_max + (L if catch_up else 0)
-        drafter.reset(cond, self.rows, L + max(T_max, beams) + (L if catch_up else 0))
+        drafter.reset(cond, self.rows, L + max(T_max, beams) + (L if catch_up else 0), masks)
         # the drafter's input: the newly committed tokens [rows, P] and the target hidden state before each
         self.pending = torch.zeros(self.rows, room + 1, dtype=torch.int64)
         self.pending_feat = hidden.new_zeros(self.rows, room + 1, hidden.shape[-1])
@@ -279,8 +281,10 @@ def _acceptance_counts(accept_len, to_go, depth: int):
 @torch.no_grad()
 def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[torch.Tensor] = None, *,
                   config: SpecConfig = SpecConfig(), cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0,
-                  seed: int = 0, on_step=None, length: Optional[int] = None, cfg_interval: int = -1):
-    """cond_idx [B] (class ids) -> (tokens [B, L] int64, SpecStats). The first token is sampled like AR
+                  seed: int = 0, on_step=None, length: Optional[int] = None, cfg_interval: int = -1,
+                  emb_masks: Optional[torch.Tensor] = None):
+    """cond_idx [B] class ids (or t2i caption features [B, C, D] with emb_masks [B, C] or None, as in
+    ``generate_ar``) -> (tokens [B, L] int64, SpecStats). The first token is sampled like AR
     (offset 0); verify step s uses offset s. ``length`` (default: the whole image, block_size) stops every
     row after its first ``length`` tokens, a prefix of the image (tests and benchmarks of the first
     positions). Their law is the full run's; the tokens themselves may differ, since trees near the end
@@ -291,14 +295,17 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     L = check_length(length, target.config.block_size)
     _check_config(config, neighbours)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
+    condition_masks(target, cond_idx, emb_masks, sampling.guided)  # bad masks fail before any calibration
     # the loop creates its bookkeeping tensors on the default device; a torch.device context would make it
     # the model's, but it intercepts every torch call (~10 % of a CPU run), so it is entered only when needed
     same = torch.get_default_device() == device
     with contextlib.nullcontext() if same else torch.device(device):
         if config.tree != "auto":
-            return _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_step, L)
-        cost_model = config.cost_model or _resolve(target, drafter, cond_idx, neighbours, config, sampling, L)
-        return _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model)
+            return _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, emb_masks)
+        cost_model = config.cost_model or _resolve(target, drafter, cond_idx, neighbours, config, sampling, L,
+                                                   emb_masks=emb_masks)
+        return _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model,
+                              emb_masks)
 
 
 def _check_config(config: SpecConfig, neighbours) -> None:
@@ -321,11 +328,12 @@ def _record_step(stats: SpecStats, n_emit, accept_len, active, draft_forwards: i
     return tokens
 
 
-def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_step, L):
+def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, emb_masks=None):
     t0 = time.perf_counter()
     stats = SpecStats()
     plan = config.fixed_plan()
-    loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, [plan], catch_up=False)
+    loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, [plan], catch_up=False,
+                 emb_masks=emb_masks)
     stats.target_forwards += 1  # the prefill
     step = 0
     while bool((loop.n_done < L).any()):
@@ -341,12 +349,13 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
     return loop.out, stats
 
 
-def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model):
+def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model, emb_masks=None):
     t0 = time.perf_counter()
     stats = SpecStats()
     acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory)
     planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs)
-    loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True)
+    loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True,
+                 emb_masks=emb_masks)
     stats.target_forwards += 1  # the prefill
     max_depth = planner.max_depth
     step, decision, tokens = 0, None, 0
@@ -403,7 +412,8 @@ def _below_one(x) -> bool:
 
 def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: SpecConfig = SpecConfig(),
                        cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, seed: int = 0,
-                       length: Optional[int] = None, cfg_interval: int = -1, remeasure: bool = False) -> CostModel:
+                       length: Optional[int] = None, cfg_interval: int = -1, remeasure: bool = False,
+                       emb_masks: Optional[torch.Tensor] = None) -> CostModel:
     """The cost model ``tree="auto"`` uses for these models and settings: cached, or calibrated now (a few
     seconds). Call it before timing a run so the calibration is not part of it."""
     L = check_length(length, target.config.block_size)
@@ -412,20 +422,22 @@ def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: Sp
     device = target.tok_embeddings.weight.device
     same = torch.get_default_device() == device
     with torch.no_grad(), contextlib.nullcontext() if same else torch.device(device):
-        return _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasure)
+        return _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasure, emb_masks)
 
 
-def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasure=False) -> CostModel:
+def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasure=False,
+             emb_masks=None) -> CostModel:
     plans = config.candidates()
     device = target.tok_embeddings.weight.device
     key = cache_key(device, target, drafter, _mode(config, sampling, L, plans))
     return cached_cost_model(key, lambda: calibrate(target, drafter, cond_idx, neighbours, config, sampling, L,
-                                                    plans), remeasure=remeasure)
+                                                    plans, emb_masks=emb_masks), remeasure=remeasure)
 
 
 def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
               plans: Sequence[Plan], rows_grid: Sequence[int] = CALIBRATION_ROWS, reps: int = 2,
-              max_point_s: float = 0.3, budget_s: float = 4.0) -> Dict[str, Dict[int, float]]:
+              max_point_s: float = 0.3, budget_s: float = 4.0,
+              emb_masks: Optional[torch.Tensor] = None) -> Dict[str, Dict[int, float]]:
     """Seconds per step of every plan at each row count of ``rows_grid``: a fresh decoding state per point
     (labels cycled from cond_idx), one untimed step (first calls, caches), then the fastest of ``reps``
     timed steps (on a shared device, load only ever adds time). Every plan is timed at the two smallest row counts (a cost and a slope); a
@@ -438,7 +450,8 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     t_start = time.perf_counter()
     for i, rows in enumerate(sorted(rows_grid)):
         B = max(rows // halves, 1)
-        labels = cond_idx[torch.arange(B, device=cond_idx.device) % cond_idx.shape[0]]
+        pick = torch.arange(B, device=cond_idx.device) % cond_idx.shape[0]
+        labels, masks = cond_idx[pick], None if emb_masks is None else emb_masks[pick]
         for plan in plans:
             if i > 1:
                 measured = points[plan.name]
@@ -448,7 +461,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                 if time.perf_counter() - t_start > budget_s:
                     continue
             loop = _Loop(target, drafter, labels, neighbours, config, sampling, L, [plan, AR_PLAN],
-                         catch_up=True)
+                         catch_up=True, emb_masks=masks)
             times = []
             for step in range(1, reps + 2):
                 sync()

@@ -1,6 +1,7 @@
 """Drafters for speculative decoding, behind one small interface the decoding loop uses:
 
-    reset(cond, rows, max_len)                  allocate caches; condition prefill (GPT drafter)
+    reset(cond, rows, max_len, emb_masks)       allocate caches; condition prefill (GPT drafter; emb_masks
+                                                [rows, C] t2i caption padding or None)
     commit(tokens [R, P], features [R, P, dim] | None, n_new [R], positions [R, P])
         -> (root_logits [R, V], root_state [R, S])   cache the newly committed tokens (ragged rows)
     expand(tokens [R, T], parents [R, T], parent_state [R, T, S], positions [R, T])
@@ -78,7 +79,9 @@ class EagleDrafter(nn.Module):
 
     # -- the decoding interface ---------------------------------------------------------------------
 
-    def reset(self, cond: torch.Tensor, rows: int, max_len: int) -> None:
+    def reset(self, cond: torch.Tensor, rows: int, max_len: int, emb_masks: Optional[torch.Tensor] = None) -> None:
+        """The head attends to image positions only (the condition reaches it through the target's hidden
+        states), so neither cond nor the caption padding emb_masks enters its cache."""
         cfg = self.config
         weight = self.fc.weight
         self.kv_cache = torch.zeros(cfg.n_layer, 2, rows, cfg.kv_heads, max_len, cfg.head_dim,
@@ -108,12 +111,13 @@ class GPTDrafter:
         self.model = model
         self.cache_len = None
 
-    def reset(self, cond: torch.Tensor, rows: int, max_len: int) -> None:
+    def reset(self, cond: torch.Tensor, rows: int, max_len: int, emb_masks: Optional[torch.Tensor] = None) -> None:
+        """Caches the condition [rows, ...]; emb_masks [rows, C] (t2i caption padding) or None."""
         m = self.model
         m.setup_cache(rows, m.config.cond_len + max_len)
         zero = torch.zeros(rows, dtype=torch.int64, device=cond.device)
-        m(None, cond, cache_len=zero)  # caches the condition
-        self.cache_len = zero + m.config.cond_len
+        m(None, cond, cache_len=zero, emb_masks=emb_masks)  # caches the condition (its real positions)
+        self.cache_len = m.cond_keys[:rows].clone()
 
     def commit(self, tokens, features, n_new, positions):
         logits = self.model(tokens, cache_len=self.cache_len, positions=positions)  # [R, P, V]
