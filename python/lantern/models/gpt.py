@@ -406,7 +406,8 @@ class Transformer(nn.Module):
         if B > self.kv_cache.shape[2]:
             raise ValueError(f"batch {B} exceeds the cache's {self.kv_cache.shape[2]} rows")
         Lmax = self.kv_cache.shape[4]
-        if cache_len.dtype != torch.int64 or bool(((cache_len < 0) | (cache_len + T_new > Lmax)).any()):
+        if cache_len.dtype != torch.int64 or (
+                ops.checks.scan_values() and bool(((cache_len < 0) | (cache_len + T_new > Lmax)).any())):
             raise ValueError(f"cache_len must be int64 with 0 <= cache_len and cache_len + {T_new} new positions "
                              f"<= max_len={Lmax}, got {cache_len.tolist()} ({cache_len.dtype})")
         step = CacheStep(
@@ -457,7 +458,10 @@ class Transformer(nn.Module):
         return (logits, hidden) if return_hidden else logits
 
     def _check_ranges(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
-        """0 <= tokens < vocab_size and 0 <= positions < block_size (one host sync)."""
+        """0 <= tokens < vocab_size and 0 <= positions < block_size (one host sync; eager mode only, like the
+        ops' value checks: ``lantern.ops.checks.scan_values``)."""
+        if not ops.checks.scan_values():
+            return
         cfg = self.config
         bad_tok = (tokens < 0) | (tokens >= cfg.vocab_size)
         bad_pos = (positions < 0) | (positions >= cfg.block_size)

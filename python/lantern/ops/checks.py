@@ -1,6 +1,7 @@
 """Argument checks shared by every backend (SPEC §9): each raises ValueError/TypeError naming the
 argument. Data-dependent checks (token ranges, tree order, NaN) inspect values, which costs a host
-sync on GPU tensors; they run once here, before any backend, so all backends raise the same errors."""
+sync on GPU tensors; they run once here, before any backend, so all backends raise the same errors.
+Type, shape, dtype and device checks always run; the value scans run in eager mode only (``scan_values``)."""
 from __future__ import annotations
 
 import math
@@ -30,7 +31,17 @@ def tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Sequenc
             raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
 
 
+def scan_values() -> bool:
+    """Whether the value-dependent checks run: always in eager mode, never while torch.compile (or export)
+    traces. A traced graph holds no values to test, and a test there would be a host sync in every replay,
+    so compiled code skips them (docs/dispatch.md); shapes, dtypes and devices are still checked at trace
+    time, and the kernels never read or write out of bounds whatever the values."""
+    return not torch.compiler.is_compiling()
+
+
 def finite(name: str, t: torch.Tensor) -> None:
+    if not scan_values():
+        return
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
 
@@ -38,7 +49,7 @@ def finite(name: str, t: torch.Tensor) -> None:
 def no_nan(name: str, t: torch.Tensor) -> None:
     """-inf logits are allowed (masked tokens); NaN and +inf are not. One reduction pass and no temporary:
     the maximum is NaN if any value is NaN (torch's max propagates NaN) and +inf if any value is +inf."""
-    if not t.is_floating_point() or t.numel() == 0:
+    if not t.is_floating_point() or t.numel() == 0 or not scan_values():
         return
     top = float(t.detach().amax())
     if math.isnan(top) or top == math.inf:
@@ -47,7 +58,7 @@ def no_nan(name: str, t: torch.Tensor) -> None:
 
 def in_range(name: str, t: torch.Tensor, lo: int, hi: int, allow: Optional[int] = None) -> None:
     """Every value v satisfies lo <= v < hi (or v == allow)."""
-    if t.numel() == 0:
+    if t.numel() == 0 or not scan_values():
         return
     if allow is None:  # fast path: two reductions, no [*t.shape] boolean temporaries
         least, most = torch.aminmax(t.detach())
@@ -88,6 +99,8 @@ def check_parents(parents: torch.Tensor, name: str = "parents") -> None:
     B, T = parents.shape
     if T < 1:
         raise ValueError(f"{name} must have at least one node (the root), got shape {list(parents.shape)}")
+    if not scan_values():
+        return
     if bool((parents[:, 0] != -1).any()):
         raise ValueError(f"{name}[:, 0] must be -1 (node 0 is the root)")
     if T == 1:

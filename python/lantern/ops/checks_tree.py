@@ -35,7 +35,7 @@ def check_latent_neighbours(codebook, K, normalize) -> None:
     _int_arg("K", K, 1, V - 1)
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-    if not bool(torch.isfinite(codebook.detach().to(torch.float32)).all()):
+    if c.scan_values() and not bool(torch.isfinite(codebook.detach().to(torch.float32)).all()):
         raise ValueError("codebook contains NaN or infinite values (in float32)")
 
 
@@ -49,6 +49,8 @@ def check_build_tree(cand_tokens, cand_parents, cand_scores, root_token, n_nodes
     c.tensor("cand_scores", cand_scores, shape=[B, M], dtypes=c.FLOAT_DTYPES, device=dev)
     c.tensor("root_token", root_token, shape=[B], dtypes=(torch.int64,), device=dev)
     n_nodes = _int_arg("n_nodes", n_nodes, 0, M)
+    if not c.scan_values():
+        return
     for name, t in (("cand_tokens", cand_tokens), ("root_token", root_token)):
         if bool((t < 0).any()):
             raise ValueError(f"{name} must be >= 0 (token ids), got {t.min().item()}")
@@ -82,10 +84,12 @@ def check_tree_attention(q, k_cache, v_cache, cache_len, tree_mask) -> None:
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _last_dim_contiguous(name, t)
     c.tensor("cache_len", cache_len, shape=[B], dtypes=(torch.int64,), device=dev)
+    c.tensor("tree_mask", tree_mask, shape=[B, T, (T + 31) // 32], dtypes=(torch.int32,), device=dev)
+    if not c.scan_values():
+        return
     if bool(((cache_len < 0) | (cache_len + T > Lmax)).any()):
         raise ValueError(f"cache_len must satisfy 0 <= cache_len and cache_len + T <= Lmax "
                          f"(T={T}, Lmax={Lmax}), got {cache_len.tolist()}")
-    c.tensor("tree_mask", tree_mask, shape=[B, T, (T + 31) // 32], dtypes=(torch.int32,), device=dev)
     _check_tree_mask_bits(tree_mask, T)
 
 
@@ -117,6 +121,8 @@ def check_compact_kv(cache, cache_len, path_nodes, n_keep) -> None:
     c.tensor("path_nodes", path_nodes, shape=[B, None])
     c.tensor("n_keep", n_keep, shape=[B], dtypes=(torch.int64,), device=dev)
     P = path_nodes.shape[1]
+    if not c.scan_values():
+        return
     if bool(((cache_len < 0) | (cache_len > Lmax)).any()):
         raise ValueError(f"cache_len must be in [0, Lmax={Lmax}], got {cache_len.tolist()}")
     if bool(((n_keep < 0) | (n_keep > P) | (cache_len + n_keep > Lmax)).any()):

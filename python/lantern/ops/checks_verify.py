@@ -58,6 +58,8 @@ def _check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, V, device)
     c.per_row("temperature", temperature, B, device)
     c.per_row("top_k", top_k, B, device, integer=True)
     c.per_row("top_p", top_p, B, device)
+    if not c.scan_values():
+        return
     if not bool(torch.isfinite(c.values(cfg_scale)).all()):
         raise ValueError(f"cfg_scale must be finite, got {cfg_scale}")
     t = c.values(temperature)
@@ -96,15 +98,16 @@ def check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, 
     c.tensor("tokens", tokens, shape=[B, T], dtypes=(torch.int64,), device=dev)
     c.tensor("parents", parents, shape=[B, T], dtypes=(torch.int64,), device=dev)
     c.check_parents(parents)
-    is_pad = torch.zeros_like(parents, dtype=torch.bool)
-    is_pad[:, 1:] = parents[:, 1:] < 0
-    c.in_range("tokens", tokens[~is_pad], 0, V)
-    if bool((tokens[is_pad] != -1).any()):
-        raise ValueError("tokens of padding nodes (parents == -1, i > 0) must be -1")
+    if c.scan_values():
+        is_pad = torch.zeros_like(parents, dtype=torch.bool)
+        is_pad[:, 1:] = parents[:, 1:] < 0
+        c.in_range("tokens", tokens[~is_pad], 0, V)
+        if bool((tokens[is_pad] != -1).any()):
+            raise ValueError("tokens of padding nodes (parents == -1, i > 0) must be -1")
     _check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, V, dev)
     if draft_probs is not None:
         c.tensor("draft_probs", draft_probs, shape=[B, T, V], dtypes=c.FLOAT_DTYPES, device=dev)
-        if not bool(torch.isfinite(draft_probs).all()) or bool((draft_probs < 0).any()):
+        if c.scan_values() and (not bool(torch.isfinite(draft_probs).all()) or bool((draft_probs < 0).any())):
             raise ValueError("draft_probs must be finite and >= 0")
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
@@ -119,7 +122,7 @@ def check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, 
             raise ValueError(f"neighbours must have V={V} rows (one per token), got {list(neighbours.shape)}")
         if k > neighbours.shape[1]:
             raise ValueError(f"k={k} exceeds the neighbour table width K={neighbours.shape[1]}")
-        if k > 0 and not _NEIGHBOUR_TABLES.known_valid(neighbours, k):
+        if k > 0 and c.scan_values() and not _NEIGHBOUR_TABLES.known_valid(neighbours, k):
             c.in_range("neighbours", neighbours[:, :k], 0, V)
             _NEIGHBOUR_TABLES.remember(neighbours, k)
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta < 0:
