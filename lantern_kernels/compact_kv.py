@@ -13,8 +13,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
-from ._common import next_power_of_2
+from lantern.ops import library
+
+from ._common import interpreting, next_power_of_2
 
 TILE_ELEMENTS = 8192  # BLOCK_P * BLOCK_D: the register tile of one load/store round
 
@@ -42,8 +45,8 @@ def _compact_kv_kernel(cache, cache_len, path_nodes, n_keep, new_len, B, Hkv, Lm
         tl.store(new_len + b, length + kept)
 
 
-def compact_kv(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor,
-               n_keep: torch.Tensor) -> torch.Tensor:
+def _launch(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor,
+            n_keep: torch.Tensor) -> torch.Tensor:
     """cache [..., B, Hkv, Lmax, Dh] contiguous (modified in place), cache_len [B] int64, path_nodes [B, P]
     int64 (any strides), n_keep [B] int64 -> new lengths [B] (checks already ran)."""
     B, Hkv, Lmax, Dh = cache.shape[-4:]
@@ -54,6 +57,16 @@ def compact_kv(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.T
     block_p = next_power_of_2(P)
     block_d = max(1, min(next_power_of_2(Dh), TILE_ELEMENTS // block_p))
     n_slabs = cache.numel() // (Lmax * Dh)
-    _compact_kv_kernel[(n_slabs,)](cache, cache_len, path_nodes, n_keep, new_len, B, Hkv, Lmax, Dh,
-                                   path_nodes.stride(0), path_nodes.stride(1), BLOCK_P=block_p, BLOCK_D=block_d)
+    wrap_triton(_compact_kv_kernel)[(n_slabs,)](cache, cache_len, path_nodes, n_keep, new_len, B, Hkv, Lmax, Dh,
+                                                path_nodes.stride(0), path_nodes.stride(1), BLOCK_P=block_p,
+                                                BLOCK_D=block_d)
     return new_len
+
+
+library.declare_triton("compact_kv", _launch, interpreting())
+
+
+def compact_kv(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor,
+               n_keep: torch.Tensor) -> torch.Tensor:
+    """The op ``lantern_triton::compact_kv`` (see ``_launch``)."""
+    return torch.ops.lantern_triton.compact_kv(cache, cache_len, path_nodes, n_keep)

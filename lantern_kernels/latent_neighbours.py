@@ -28,7 +28,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
+from lantern.ops import library
 from lantern.ops.reference.latent_neighbours import codebook_float32
 
 from ._common import configs, interpreting, next_power_of_2
@@ -152,7 +154,7 @@ def _neighbours_kernel(codes, codes_t, out, V, K, D: tl.constexpr, KP: tl.conste
         _order_rows(codes, out, order_ids, order_ids < V, K, D, KP, CHUNK)
 
 
-def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -> torch.Tensor:
+def _launch(codebook: torch.Tensor, K: int, normalize: bool) -> torch.Tensor:
     """codebook [V, d] float -> int32 [V, K], equal to the reference's table (checks already ran)."""
     codes = codebook_float32(codebook, normalize).contiguous()  # [V, d] float32
     codes_t = codes.t().contiguous()  # [d, V]: a column tile's coordinate j is contiguous
@@ -164,6 +166,14 @@ def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -
     order_rows, budget = (64, 1 << 18) if interpreting() else (max(1, min(16, 1024 // KP)), 1 << 14)
     chunk = max(1, min(KP, budget // (order_rows * KP)))
     grid = lambda meta: (triton.cdiv(V, meta["BLOCK_R"]),)  # noqa: E731
-    _neighbours_kernel[grid](codes, codes_t, out, V, K, D=d, KP=KP, ORDER_ROWS=order_rows, CHUNK=chunk, RADIX=RADIX_BITS,
-                             PASSES=N_PASSES, enable_fp_fusion=False)
+    wrap_triton(_neighbours_kernel)[grid](codes, codes_t, out, V, K, D=d, KP=KP, ORDER_ROWS=order_rows, CHUNK=chunk,
+                                          RADIX=RADIX_BITS, PASSES=N_PASSES, enable_fp_fusion=False)
     return out
+
+
+library.declare_triton("latent_neighbours", _launch, interpreting())
+
+
+def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -> torch.Tensor:
+    """The op ``lantern_triton::latent_neighbours`` (see ``_launch``)."""
+    return torch.ops.lantern_triton.latent_neighbours(codebook, int(K), bool(normalize))

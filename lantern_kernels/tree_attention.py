@@ -24,6 +24,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
+
+from lantern.ops import library
 
 from ._common import configs, interpreting, next_power_of_2
 
@@ -126,8 +129,8 @@ def _tree_attention_kernel(q, k, v, o, cache_len, tree_mask,
     tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_len: torch.Tensor,
-                   tree_mask: torch.Tensor) -> torch.Tensor:
+def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_len: torch.Tensor,
+            tree_mask: torch.Tensor) -> torch.Tensor:
     """q [B, H, T, Dh], k_cache/v_cache [B, Hkv, Lmax, Dh] (any strides, last one 1), cache_len [B] int64,
     tree_mask [B, T, ceil(T/32)] int32 -> o [B, H, T, Dh] contiguous, q's dtype (checks already ran)."""
     B, H, T, Dh = q.shape
@@ -137,7 +140,7 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     o = torch.empty(B, H, T, Dh, dtype=q.dtype, device=q.device)
     qk_scale = LOG2_E / math.sqrt(Dh)
     grid = lambda meta: (triton.cdiv(group * T, meta["BLOCK_M"]), B * Hkv)  # noqa: E731
-    _tree_attention_kernel[grid](
+    wrap_triton(_tree_attention_kernel)[grid](
         q, k_cache, v_cache, o, cache_len, mask,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), mask.stride(0), mask.stride(1),
@@ -146,3 +149,12 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         UPCAST=q.dtype == torch.float64, BF16_AS_F32=interpreting() and q.dtype == torch.bfloat16,
     )
     return o
+
+
+library.declare_triton("tree_attention", _launch, interpreting())
+
+
+def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_len: torch.Tensor,
+                   tree_mask: torch.Tensor) -> torch.Tensor:
+    """The op ``lantern_triton::tree_attention`` (see ``_launch``)."""
+    return torch.ops.lantern_triton.tree_attention(q, k_cache, v_cache, cache_len, tree_mask)

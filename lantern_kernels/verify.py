@@ -23,16 +23,17 @@ to ``lantern.ops.reference.philox``.
 from __future__ import annotations
 
 import os
-from typing import Union
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 from triton.language.extra import libdevice
 
+from lantern.ops import library
 from lantern.ops.reference.verify import VerifyResult
 
-IntLike = Union[int, torch.Tensor]
 ROUND_A: tl.constexpr = tl.constexpr(0xD2511F53)
 ROUND_B: tl.constexpr = tl.constexpr(0xCD9E8D57)
 KEY_A: tl.constexpr = tl.constexpr(0x9E3779B9)
@@ -78,7 +79,6 @@ def _uniform(seed, c0, c1, c2, c3):
 
 
 if _interpreting():
-    import numpy as np
     from triton.runtime.interpreter import TensorHandle
 
     def _exponential_key(u):
@@ -617,27 +617,9 @@ GPU_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w) for bv in (1024, 2048
 _autotuned = triton.autotune(GPU_CONFIGS, key=["V", "HAS_UNCOND", "SAMPLED"])(_verify_kernel)
 
 
-def _row_setting(value, B: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A scalar or [B] setting as a contiguous [B] tensor of ``dtype``."""
-    t = torch.as_tensor(value, dtype=dtype, device=device)
-    return t.expand(B).contiguous() if t.dim() == 0 else t.to(device).contiguous()
-
-
-def _counter(value: IntLike, bits: int, device: torch.device) -> torch.Tensor:
-    """seed / offset as a one-element int64 tensor holding its low ``bits`` bits (read inside the kernel)."""
-    if isinstance(value, torch.Tensor):
-        return value.reshape(1).to(device=device, dtype=torch.int64)
-    value = int(value) & ((1 << bits) - 1)
-    return torch.tensor([value - (1 << 64) if value >= 1 << 63 else value], dtype=torch.int64, device=device)
-
-
-def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
-           top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam=None, budget="candidate", seed=0,
-           offset=0, radix_bits=None) -> VerifyResult:
-    """The Triton verify (one launch for the batch); see ``lantern.ops.verify``. Computes in float32 for every
-    logits dtype.
-
-    ``radix_bits`` (4 or 8; a testing hook, not part of the public op) overrides the radix digit width."""
+def _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs, k,
+         delta, lam, node_budget, seed, offset, radix_bits: int):
+    """One launch for the batch, with the schema's arguments (settings [B], seed / offset 0-d int64)."""
     B, T, V = logits.shape
     dev = logits.device
     logits = logits.contiguous()
@@ -651,22 +633,45 @@ def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_
     next_token = torch.empty(B, dtype=torch.int64, device=dev)
     status = torch.empty(B, T, dtype=torch.int8, device=dev)
     if B == 0:
-        return VerifyResult(accept_len, path, next_token, status)
+        return accept_len, path, next_token, status
     p_scratch = torch.empty(B, V, dtype=torch.float32, device=dev)
     q_scratch = torch.empty(B, V, dtype=torch.float32, device=dev) if draft_probs is not None else p_scratch
     depth_scratch = torch.empty(B, T, dtype=torch.int32, device=dev)
     lam_m1 = float(lam) - 1.0 if lam is not None else 0.0
-    args = (logits, uncond, draft, tokens.contiguous(), parents.contiguous(), nbrs,
-            _row_setting(cfg_scale, B, torch.float32, dev), _row_setting(temperature, B, torch.float32, dev),
-            _row_setting(top_k, B, torch.int64, dev), _row_setting(top_p, B, torch.float64, dev),
-            _counter(seed, 64, dev), _counter(offset, 32, dev), p_scratch, q_scratch, depth_scratch,
-            accept_len, path, next_token, status, T, V, K, k, float(delta), lam_m1)
+    args = (logits, uncond, draft, tokens.contiguous(), parents.contiguous(), nbrs, cfg_scale.contiguous(),
+            temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), seed, offset, p_scratch, q_scratch,
+            depth_scratch, accept_len, path, next_token, status, T, V, K, k, float(delta), lam_m1)
     flags = dict(HAS_UNCOND=uncond_logits is not None, SAMPLED=draft_probs is not None, LAMBDA=lam is not None,
-                 NODE_BUDGET=budget == "node" and lam is None, BLOCK_K=triton.next_power_of_2(max(1, min(k, MAX_BLOCK_K))),
-                 BLOCK_T=triton.next_power_of_2(T), BITS=radix_bits or RADIX_BITS)
+                 NODE_BUDGET=node_budget and lam is None, BLOCK_K=triton.next_power_of_2(max(1, min(k, MAX_BLOCK_K))),
+                 BLOCK_T=triton.next_power_of_2(T), BITS=radix_bits)
     if _interpreting():  # one config: the interpreter runs every program in Python
         with np.errstate(divide="ignore", invalid="ignore"):  # tl.where evaluates both sides (e / 0 masked)
-            _verify_kernel[(B,)](*args, **flags, BLOCK_V=min(triton.next_power_of_2(V), 1024))
+            wrap_triton(_verify_kernel)[(B,)](*args, **flags, BLOCK_V=min(triton.next_power_of_2(V), 1024))
     else:  # no FMA contraction: guidance and the node budget round as the reference's separate ops
-        _autotuned[(B,)](*args, **flags, enable_fp_fusion=False)
-    return VerifyResult(accept_len, path, next_token, status)
+        wrap_triton(_autotuned)[(B,)](*args, **flags, enable_fp_fusion=False)
+    return accept_len, path, next_token, status
+
+
+def _launch(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs,
+            k, delta, lam, node_budget, seed, offset):
+    """The op's kernel: ``_run`` with this device's radix digit width."""
+    return _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
+                draft_probs, k, delta, lam, node_budget, seed, offset, RADIX_BITS)
+
+
+library.declare_triton("verify", _launch, _interpreting())
+
+
+def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
+           top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam=None, budget="candidate", seed=0,
+           offset=0, radix_bits=None) -> VerifyResult:
+    """The Triton verify (the op ``lantern_triton::verify``, one launch for the batch); see
+    ``lantern.ops.verify``. Computes in float32 for every logits dtype.
+
+    ``radix_bits`` (4 or 8; a testing hook, not part of the public op) overrides the radix digit width: the
+    kernel is then launched directly, not through the op."""
+    args = library.verify_args(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k,
+                               top_p, draft_probs, k, delta, lam, budget, seed, offset, torch.float32)
+    if radix_bits is not None:
+        return VerifyResult(*_run(*args, radix_bits))
+    return VerifyResult(*torch.ops.lantern_triton.verify(*args))

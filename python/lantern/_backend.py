@@ -1,9 +1,16 @@
 """Backend selection for ``lantern.ops``.
 
-Every public op in ``lantern.ops`` is a thin function that asks this module which implementation to run.
-The reference implementation (pure PyTorch, ``lantern.ops.reference``) is always available and is the
-readable definition of each op. Fused backends register the ops they implement; an op a backend does
-not implement yet runs the reference, and ``fused_ops()`` says which ones are fused.
+Every public op in ``lantern.ops`` is a thin function that checks its arguments and asks this module which
+implementation to run. Each op is a torch.library operator with one schema (``lantern.ops.library``,
+docs/dispatch.md): ``lantern::<op>`` (lantern._C's CPU and CUDA kernels), ``lantern_triton::<op>`` (the
+Triton kernels) and ``lantern_reference::<op>`` (the PyTorch reference). ``_REGISTRY`` maps each backend to
+the functions, with the public op's signature, that call them; it is built once (``_load_backends``) from
+what the dispatcher and lantern_kernels provide, not registered by hand. The reference implementation
+(``lantern.ops.reference``) is always available and is the readable definition of each op; an op a backend
+does not implement runs the reference, and ``fused_ops()`` says which ones are fused. ``resolve`` picks the
+implementation; ``dispatch`` (what the public ops call) is the same, except that while torch.compile traces
+the reference runs as the opaque ``lantern_reference::<op>`` (its Python has value-dependent control flow a
+graph cannot hold); eager code calls the reference functions directly.
 
 Before a fused kernel first runs an op on a device, ``resolve`` compares it with the reference on a few tiny
 cases (``lantern.ops.self_check``; docs/self_check.md). A kernel that disagrees is never used for that op on
@@ -22,7 +29,7 @@ import torch
 
 BACKENDS = ("reference", "cpu", "cuda", "triton", "auto")
 
-# backend name -> op name -> implementation
+# backend name -> op name -> the function (public op's signature) that runs the backend's op
 _REGISTRY: Dict[str, Dict[str, Callable]] = {"reference": {}, "cpu": {}, "cuda": {}, "triton": {}}
 # backend name -> callable returning None when usable, else a sentence saying why not
 _AVAILABILITY: Dict[str, Callable[[], Optional[str]]] = {}
@@ -38,17 +45,17 @@ _checking: set = set()
 
 
 def register(backend: str, op_name: str) -> Callable[[Callable], Callable]:
-    """Decorator: register ``fn`` as ``backend``'s implementation of ``op_name``."""
+    """Decorator for the reference definitions (``lantern.ops.reference``): ``fn`` is the reference
+    ``op_name``. Fused backends are not registered by hand: ``_load_backends`` finds their ops."""
+    if backend != "reference":
+        raise ValueError(f"only reference definitions are registered by hand, got backend {backend!r}; fused "
+                         f"kernels are torch.library ops found by _load_backends")
 
     def wrap(fn: Callable) -> Callable:
         _REGISTRY[backend][op_name] = fn
         return fn
 
     return wrap
-
-
-def set_availability(backend: str, check: Callable[[], Optional[str]]) -> None:
-    _AVAILABILITY[backend] = check
 
 
 def _why_unavailable(backend: str) -> Optional[str]:
@@ -126,6 +133,17 @@ def resolve(op_name: str, device: torch.device) -> Callable:
         )
     if not _passes_self_check(backend, op_name, device):
         return _REGISTRY["reference"][op_name]
+    return impl
+
+
+def dispatch(op_name: str, device: torch.device) -> Callable:
+    """What a public op calls: ``resolve``'s choice, except that while torch.compile traces, the reference
+    definition is replaced by the opaque ``lantern_reference::<op_name>`` that runs it."""
+    impl = resolve(op_name, device)
+    if torch.compiler.is_compiling() and impl is _REGISTRY["reference"][op_name]:
+        from .ops import library
+
+        return library.reference_ops()[op_name]
     return impl
 
 
@@ -230,10 +248,17 @@ _loaded = False
 
 
 def _load_backends() -> None:
-    """Import the modules that register fused implementations (lazily, to keep import cheap)."""
+    """Fill the fused backends' tables (lazily, to keep import cheap: it imports lantern._C and triton):
+    "cpu" / "cuda" get the ops of lantern._C with a kernel for the CPU / CUDA dispatch key, "triton" the ops
+    of lantern_kernels. Call it (or any op, or ``enable_fused``) once eagerly before torch.compile traces."""
     global _loaded
     if _loaded:
         return
+    from .ops import fused_cpu, fused_triton
+
+    _AVAILABILITY.update(cpu=fused_cpu.cpu_unavailable, cuda=fused_cpu.cuda_unavailable,
+                         triton=fused_triton.triton_unavailable)
+    _REGISTRY["cpu"].update(fused_cpu.implementations("CPU"))
+    _REGISTRY["cuda"].update(fused_cpu.implementations("CUDA"))
+    _REGISTRY["triton"].update(fused_triton.implementations())
     _loaded = True
-    from .ops import fused_cpu  # noqa: F401  (registers "cpu" and "cuda" ops from lantern._C)
-    from .ops import fused_triton  # noqa: F401  (registers "triton" ops from lantern_kernels)

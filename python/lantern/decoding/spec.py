@@ -244,13 +244,15 @@ class _Loop:
         emitted = torch.cat([tree.tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
         j = torch.arange(T)
         emitted = torch.where(j[None] < result.accept_len[:, None], emitted, result.next_token[:, None])
-        write = j[None] < n_emit[:, None]  # [B, T]; never past L
-        row_ids = torch.arange(B)[:, None].expand(B, T)
-        self.out[row_ids[write], (n_done[:, None] + j[None])[write]] = emitted[write]
+        in_step = torch.arange(L)[None] - n_done[:, None]  # [B, L] index into emitted of each image position
+        written = (in_step >= 0) & (in_step < n_emit[:, None])  # never past L
+        self.out = torch.where(written, emitted.gather(1, in_step.clamp(0, T - 1)), self.out)
         # 6. keep the root and accepted nodes' K/V (the root plus n_emit - 1 path nodes)
         self.target_len = ops.compact_kv(self.target.kv_cache, self.target_len, rep(kept_nodes), rep(n_emit))
         # 7. the drafter's next input: the emitted tokens with the target hidden state before each
-        width = max(int(n_emit.max()), 1)  # feed the drafter only as many positions as the longest row needs
+        # eager: only as many positions as the longest row needs (a host read); traced: all T (a static shape,
+        # no host sync; the drafter ignores the positions past each row's n_pending)
+        width = T if torch.compiler.is_compiling() else max(int(n_emit.max()), 1)
         self.pending[:, :width] = rep(emitted[:, :width])
         feat_nodes = rep(kept_nodes[:, :width])[..., None].expand(-1, -1, hidden.shape[-1])
         self.pending_feat[:, :width] = hidden.gather(1, feat_nodes)

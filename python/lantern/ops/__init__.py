@@ -1,5 +1,6 @@
 """Public ops. Each validates its arguments (so every backend raises the same errors), then runs the
-active backend's implementation (see ``lantern.enable_fused``). Semantics: docs/SPEC.md."""
+active backend's implementation (see ``lantern.enable_fused``), a torch.library op (``library``,
+docs/dispatch.md). Semantics: docs/SPEC.md."""
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -7,9 +8,11 @@ from typing import Optional, Union
 import torch
 
 from .. import _backend
-from . import checks
+from . import checks, library
 from . import reference  # noqa: F401  (registers the reference implementations)
 from .reference.verify import VerifyResult
+
+library.reference_ops()  # declares lantern_reference::<op> now, not while torch.compile traces
 
 __all__ = [
     "VerifyResult",
@@ -29,14 +32,14 @@ ScalarOrTensor = Union[int, float, torch.Tensor]
 def process_logits(logits, uncond_logits=None, cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0):
     """§1: guidance, temperature, top-k, top-p -> float32 probabilities ``[..., V]``."""
     checks.check_process_logits(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
-    impl = _backend.resolve("process_logits", logits.device)
+    impl = _backend.dispatch("process_logits", logits.device)
     return impl(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
 
 
 def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -> torch.Tensor:
     """§2: int32 ``[V, K]``, the K nearest other codes of each code, nearest first."""
     checks.check_latent_neighbours(codebook, K, normalize)
-    impl = _backend.resolve("latent_neighbours", codebook.device)
+    impl = _backend.dispatch("latent_neighbours", codebook.device)
     return impl(codebook, K, normalize)
 
 
@@ -64,7 +67,7 @@ def verify(
         logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
         draft_probs, k, delta, lam, budget, seed, offset,
     )
-    impl = _backend.resolve("verify", logits.device)
+    impl = _backend.dispatch("verify", logits.device)
     return impl(
         logits, tokens, parents, neighbours, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
         temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=draft_probs, k=k, delta=delta,
@@ -75,14 +78,14 @@ def verify(
 def philox_uniform(seed, c0, c1, c2, c3) -> torch.Tensor:
     """§5: float32 uniforms in [0, 1) from Philox4x32-10 word 0; counters broadcast."""
     device = checks.check_philox(seed, c0, c1, c2, c3)
-    impl = _backend.resolve("philox_uniform", device)
+    impl = _backend.dispatch("philox_uniform", device)
     return impl(seed, c0, c1, c2, c3)
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """§6: int32 ``[B, T, ceil(T/32)]``; bit j of node i is set iff j is i or an ancestor of i."""
     checks.check_parents(parents, "parents")
-    impl = _backend.resolve("ancestor_mask", parents.device)
+    impl = _backend.dispatch("ancestor_mask", parents.device)
     return impl(parents)
 
 
@@ -90,14 +93,14 @@ def build_tree(cand_tokens, cand_parents, cand_scores, root_token, n_nodes: int)
     """EAGLE-2 tree selection: the ``n_nodes`` best candidates (by cumulative draft log-probability)
     plus the root, as ``(tokens [B, n_nodes+1], parents [B, n_nodes+1])`` in topological order."""
     checks.check_build_tree(cand_tokens, cand_parents, cand_scores, root_token, n_nodes)
-    impl = _backend.resolve("build_tree", cand_tokens.device)
+    impl = _backend.dispatch("build_tree", cand_tokens.device)
     return impl(cand_tokens, cand_parents, cand_scores, root_token, n_nodes)
 
 
 def tree_attention(q, k_cache, v_cache, cache_len, tree_mask) -> torch.Tensor:
     """§6: attention of T tree queries over each row's cached prefix plus its ancestors in the tree."""
     checks.check_tree_attention(q, k_cache, v_cache, cache_len, tree_mask)
-    impl = _backend.resolve("tree_attention", q.device)
+    impl = _backend.dispatch("tree_attention", q.device)
     return impl(q, k_cache, v_cache, cache_len, tree_mask)
 
 
@@ -105,5 +108,5 @@ def compact_kv(cache, cache_len, path_nodes, n_keep) -> torch.Tensor:
     """§6: in place, move the kept tree nodes' K/V (all layers) to consecutive positions from
     ``cache_len``; returns the new lengths ``cache_len + n_keep``."""
     checks.check_compact_kv(cache, cache_len, path_nodes, n_keep)
-    impl = _backend.resolve("compact_kv", cache.device)
+    impl = _backend.dispatch("compact_kv", cache.device)
     return impl(cache, cache_len, path_nodes, n_keep)

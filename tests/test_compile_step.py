@@ -1,0 +1,362 @@
+"""The ops as torch.library operators (lantern.ops.library, docs/dispatch.md) and a decoding step under
+torch.compile(fullgraph=True): the schemas equal lantern._C's, every namespace's registrations pass
+torch.library.opcheck (schema, fake tensors, AOT dispatch), the target's cached tree forward and one
+speculative / AR step of the decoding loop trace into one graph and give the eager step's results, and the
+value scans of the argument checks are left out while tracing only (shape / dtype checks still run)."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import textwrap
+
+import pytest
+import torch
+
+import lantern
+from lantern import _backend, ops
+from lantern.decoding.planner import Plan
+from lantern.decoding.spec import Sampling, SpecConfig, _Loop
+from lantern.models import build_gpt
+from lantern.models.drafter import EagleDrafter
+from lantern.ops import library, self_check
+from lantern.ops.reference.tree import ancestor_mask
+
+CPU = torch.device("cpu")
+COMPILE = dict(backend="aot_eager", fullgraph=True)
+
+
+def extension_built() -> bool:
+    return importlib.util.find_spec("lantern._C") is not None and lantern.fused_ops("cpu").get("verify", False)
+
+
+def triton_interpreted() -> bool:
+    from lantern.ops import fused_triton
+
+    return fused_triton.triton_unavailable() is None and fused_triton.interpreting()
+
+
+needs_extension = pytest.mark.skipif(not extension_built(), reason="lantern._C is not built")
+BACKENDS = [pytest.param("reference"), pytest.param("cpu", marks=needs_extension)]
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    lantern.disable_fused()
+
+
+# ---- the declarations ---------------------------------------------------------------------------------
+
+@needs_extension
+def test_schemas_are_lantern_C_schemas():
+    for name, schema in library.SCHEMAS.items():
+        assert str(getattr(torch.ops.lantern, name).default._schema) == f"lantern::{name}{schema}"
+        assert str(getattr(torch.ops.lantern_reference, name).default._schema) == f"lantern_reference::{name}{schema}"
+
+
+def op_samples():
+    """(op name, schema arguments) per op: the self-check cases converted as the public ops convert them."""
+    verify_kwargs = self_check.verify_cases(CPU)[0][0]
+    args = [verify_kwargs.pop(n) for n in ("logits", "tokens", "parents", "neighbours")]
+    kw = verify_kwargs
+    verify = library.verify_args(*args, kw["uncond_logits"], kw["cfg_scale"], kw["temperature"], kw["top_k"],
+                                 kw["top_p"], None, kw["k"], kw["delta"], None, kw["budget"], kw["seed"],
+                                 kw["offset"], torch.float32)
+    seed, c0, c1, c2, c3 = self_check.philox_cases(CPU)[1]
+    parents = torch.tensor(self_check.ATT_PARENTS)
+    scores = torch.tensor([[-0.5, -1.0, -0.75, -2.0], [-0.25, -0.5, -3.0, -0.6]])
+    cand_parents = torch.tensor([[-1, -1, 0, 1], [-1, 0, 1, 0]])
+    return {
+        "verify": verify,
+        "latent_neighbours": (self_check.neighbour_codebook(CPU), self_check.NEIGHBOUR_K, True),
+        "tree_attention": self_check.attention_case(CPU),
+        "compact_kv": self_check.compact_case(CPU),
+        "philox_uniform": library.philox_args(seed, c0, c1, c2, c3),
+        "process_logits": (verify[0], verify[4], verify[5], verify[6], verify[7], verify[8]),
+        "ancestor_mask": (parents,),
+        "build_tree": (torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]]), cand_parents, scores, torch.tensor([9, 0]), 3),
+    }
+
+
+def namespaces():
+    found = [("lantern_reference", name) for name in (*library.FUSED_OPS, *library.REFERENCE_ONLY_SCHEMAS)]
+    if extension_built():
+        found += [("lantern", name) for name in library.FUSED_OPS]
+    if triton_interpreted():
+        _backend._load_backends()
+        found += [("lantern_triton", name) for name in _backend._REGISTRY["triton"]]
+    return found
+
+
+@pytest.mark.parametrize("namespace, name", namespaces(), ids=lambda x: x)
+def test_opcheck(namespace, name):
+    """Schema (mutation and aliasing as declared), fake implementation against the kernel's real outputs,
+    and AOT dispatch with dynamic shapes, on the self-check's inputs."""
+    op = getattr(getattr(torch.ops, namespace), name).default
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    if namespace == "lantern_triton":  # the interpreter runs each kernel in Python: one pass of each test
+        utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(op, op_samples()[name], test_utils=utils)
+
+
+TRITON_OP_SCRIPT = textwrap.dedent('''
+    import json, logging
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import dispatch_functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import lantern_kernels.compact_kv, lantern_kernels.latent_neighbours, lantern_kernels.tree_attention
+    import lantern_kernels.verify
+    from lantern.ops import library, self_check
+
+    logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)  # no driver here
+    cpu = torch.device("cpu")
+    kw = self_check.verify_cases(cpu)[0][0]
+    args = [kw.pop(n) for n in ("logits", "tokens", "parents", "neighbours")]
+    cases = {
+        "verify": library.verify_args(*args, kw["uncond_logits"], kw["cfg_scale"], kw["temperature"], kw["top_k"],
+                                      kw["top_p"], None, kw["k"], kw["delta"], None, kw["budget"], kw["seed"],
+                                      kw["offset"], torch.float32),
+        "latent_neighbours": (self_check.neighbour_codebook(cpu), 5, True),
+        "tree_attention": self_check.attention_case(cpu),
+        "compact_kv": self_check.compact_case(cpu),
+    }
+    report = {}
+    for name, real in cases.items():
+        with FakeTensorMode():  # CUDA tensors without a GPU: shapes, strides and dtypes only
+            fake = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+                    if isinstance(t, torch.Tensor) else t for t in real]
+        op = getattr(torch.ops.lantern_triton, name)
+        graph = make_fx(dispatch_functionalize(lambda *a: op(*a)), tracing_mode="fake")(*fake)
+        report[name] = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    print(json.dumps(report))
+''')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_triton_ops_decompose_into_their_kernels_for_inductor():
+    """On a GPU (no interpreter) each lantern_triton op is a triton_op: functionalised, as AOT autograd does
+    before inductor, it becomes its Triton kernel launches (triton_kernel_wrapper_functional), not an opaque
+    call. Traced here with fake CUDA tensors, in a subprocess without TRITON_INTERPRET (no GPU needed)."""
+    from triton_compile import run_compile_script
+
+    report = json.loads(run_compile_script(TRITON_OP_SCRIPT, timeout=600).strip().splitlines()[-1])
+    assert set(report) == {"verify", "latent_neighbours", "tree_attention", "compact_kv"}
+    for name, targets in report.items():
+        assert "triton_kernel_wrapper_functional" in targets, (name, targets)
+        assert not any(t.startswith("lantern_triton") for t in targets), (name, targets)
+
+
+def test_fake_outputs_have_the_kernels_shapes_and_dtypes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    samples = op_samples()
+    for name, args in samples.items():
+        want = getattr(torch.ops.lantern_reference, name)(*[a.clone() if isinstance(a, torch.Tensor) else a
+                                                             for a in args])
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+            got = getattr(torch.ops.lantern_reference, name)(*fake_args)
+        for g, w in zip(*(x if isinstance(x, (tuple, list)) else (x,) for x in (got, want))):
+            assert (g.shape, g.dtype, g.device) == (w.shape, w.dtype, w.device), name
+
+
+# ---- the cached forward and a decoding step under torch.compile(fullgraph=True) -----------------------------
+
+def small_models():
+    torch.manual_seed(0)
+    target = build_gpt("GPT-tiny", n_layer=2, n_head=2, dim=64, vocab_size=64, num_classes=5, block_size=16)
+    drafter = EagleDrafter(target.config).bind(target)
+    for p in (*target.parameters(), *drafter.parameters()):
+        torch.nn.init.normal_(p, std=0.1)
+    return target.eval(), drafter.eval()
+
+
+def enable(backend: str) -> None:
+    if backend != "reference":
+        lantern.enable_fused(backend)
+
+
+def tree_inputs():
+    parents = torch.tensor([[-1, 0, 0, 1, 2], [-1, 0, 1, 2, -1]])
+    tokens = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 11, 0]])
+    positions = torch.tensor([[0, 1, 1, 2, 2], [0, 1, 2, 3, 1]])
+    return tokens, positions, ancestor_mask(parents)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@torch.no_grad()
+def test_cached_tree_forward_traces_as_one_graph(backend):
+    enable(backend)
+    target, _ = small_models()
+    target.setup_cache(2, 40)
+    target(None, torch.tensor([1, 2]), cache_len=torch.zeros(2, dtype=torch.int64))  # the condition
+    cache_len = torch.ones(2, dtype=torch.int64)
+    tokens, positions, mask = tree_inputs()
+
+    def forward(tokens, cache_len, positions, mask):
+        return target(tokens, cache_len=cache_len, positions=positions, tree_mask=mask, return_hidden=True)
+
+    before = target.kv_cache.clone()
+    want = forward(tokens, cache_len, positions, mask)
+    want_cache = target.kv_cache.clone()
+    target.kv_cache.copy_(before)
+    got = torch.compile(forward, **COMPILE)(tokens, cache_len, positions, mask)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert torch.equal(target.kv_cache, want_cache)
+
+
+PLANS = {
+    "chain": Plan("chain3", "chain", depth=3),
+    "dynamic": Plan("tree8", "dynamic", depth=3, n_nodes=8, top_per_node=3),
+    "ar": Plan("ar", "ar"),
+}
+
+
+def twin_loops(method: str, plan: Plan):
+    """Two decoding states of the same batch, on separate copies of the models, two eager steps in."""
+    target, drafter = small_models()
+    neighbours = ops.latent_neighbours(torch.randn(target.config.vocab_size, 4), 4)
+    config = SpecConfig(method=method, k=4, delta=0.2)
+    sampling = Sampling(cfg_scale=2.0, temperature=1.0, seed=7)
+    plans = [plan, PLANS["chain"]]
+    loops = []
+    for _ in range(2):
+        t, d = copy.deepcopy((target, drafter))
+        loops.append(_Loop(t, d, torch.tensor([1, 3, 4]), neighbours, config, sampling, t.config.block_size, plans,
+                           catch_up=True))
+    for loop in loops:
+        for step in (1, 2):
+            loop.spec_step(PLANS["chain"], step)
+    return loops
+
+
+def compile_one_graph(fn):
+    """fn compiled with aot_eager into one graph, and a function listing the custom ops that graph calls."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def custom_ops():
+        assert counter.frame_count == 1
+        return {str(node.target) for node in counter.graphs[0].graph.nodes
+                if node.op == "call_function" and str(node.target).startswith("lantern")}
+
+    return torch.compile(fn, backend=counter, fullgraph=True), custom_ops
+
+
+# the ops a speculative step calls, per backend (the reference ones while tracing: lantern_reference::)
+STEP_OPS = {
+    "cpu": {"lantern.verify", "lantern.tree_attention", "lantern.compact_kv", "lantern_reference.ancestor_mask"},
+    "reference": {"lantern_reference.verify", "lantern_reference.tree_attention", "lantern_reference.compact_kv",
+                  "lantern_reference.ancestor_mask"},
+}
+
+
+def assert_same_state(a: _Loop, b: _Loop) -> None:
+    for name in ("out", "n_done", "target_len", "n_pending"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    width = a.width  # eager feeds the drafter the longest row's columns, traced code all of the tree's
+    assert torch.equal(a.pending[:, :width], b.pending[:, :width])
+    assert torch.equal(a.pending_feat[:, :width], b.pending_feat[:, :width])
+    assert torch.equal(a.target.kv_cache, b.target.kv_cache)
+    assert torch.equal(a.drafter.kv_cache, b.drafter.kv_cache) and torch.equal(a.drafter.cache_len,
+                                                                              b.drafter.cache_len)
+
+
+@pytest.mark.parametrize("backend, method, plan", [
+    pytest.param("cpu", "lantern", "chain", marks=needs_extension),
+    pytest.param("cpu", "spec", "dynamic", marks=needs_extension),
+    ("reference", "lantern", "dynamic"),
+])
+@torch.no_grad()
+def test_speculative_step_traces_as_one_graph(backend, method, plan):
+    """Drafter catch-up and tree growth, the target's tree forward, verify, the commit and compact_kv."""
+    enable(backend)
+    eager, traced = twin_loops(method, PLANS[plan])
+    want = eager.spec_step(PLANS[plan], 3)
+    step, custom_ops = compile_one_graph(traced.spec_step)
+    got = step(PLANS[plan], 3)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
+    assert_same_state(eager, traced)
+    called = custom_ops()
+    assert STEP_OPS[backend] <= called, called
+    if plan == "dynamic":
+        assert "lantern_reference.build_tree" in called
+    # the traced step fed the drafter all of the tree's columns, eager only the longest row's: same next step
+    eager.spec_step(PLANS[plan], 4)
+    traced.spec_step(PLANS[plan], 4)
+    assert torch.equal(eager.out, traced.out) and torch.equal(eager.n_done, traced.n_done)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@torch.no_grad()
+def test_ar_step_traces_as_one_graph(backend):
+    enable(backend)
+    eager, traced = twin_loops("lantern", PLANS["ar"])
+    want = eager.ar_step(3)
+    got = torch.compile(traced.ar_step, **COMPILE)(3)
+    assert torch.equal(got, want)
+    assert_same_state(eager, traced)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not triton_interpreted(), reason="needs triton (run under TRITON_INTERPRET=1 on CPU)")
+@torch.no_grad()
+def test_speculative_step_traces_with_the_triton_ops():
+    """Under the interpreter the Triton ops are opaque custom ops (their fake implementations trace them)."""
+    lantern.enable_fused("triton")
+    eager, traced = twin_loops("lantern", PLANS["chain"])
+    want = eager.spec_step(PLANS["chain"], 3)
+    got = torch.compile(traced.spec_step, **COMPILE)(PLANS["chain"], 3)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_same_state(eager, traced)
+
+
+@pytest.mark.slow
+@needs_extension
+@torch.no_grad()
+def test_cached_tree_forward_compiles_with_inductor():
+    lantern.enable_fused("cpu")
+    target, _ = small_models()
+    target.setup_cache(2, 40)
+    target(None, torch.tensor([1, 2]), cache_len=torch.zeros(2, dtype=torch.int64))
+    cache_len = torch.ones(2, dtype=torch.int64)
+    tokens, positions, mask = tree_inputs()
+
+    def forward(tokens, cache_len, positions, mask):
+        return target(tokens, cache_len=cache_len, positions=positions, tree_mask=mask)
+
+    before = target.kv_cache.clone()
+    want = forward(tokens, cache_len, positions, mask)
+    target.kv_cache.copy_(before)
+    got = torch.compile(forward, fullgraph=True)(tokens, cache_len, positions, mask)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ---- argument checks while tracing -------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_value_scans_run_eagerly_and_are_left_out_of_traced_code(backend):
+    enable(backend)
+    q, k, v, cache_len, mask = self_check.attention_case(CPU)
+    no_self_bit = mask & ~1  # node 0 does not attend to itself: a value error, yet safe for every kernel
+    with pytest.raises(ValueError, match="tree_mask must set bit i of node i"):
+        ops.tree_attention(q, k, v, cache_len, no_self_bit)
+    traced = torch.compile(lambda *args: ops.tree_attention(*args), **COMPILE)
+    assert traced(q, k, v, cache_len, no_self_bit).shape == q.shape
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shape_and_dtype_checks_still_run_while_tracing(backend):
+    enable(backend)
+    q, k, v, cache_len, mask = self_check.attention_case(CPU)
+    traced = torch.compile(lambda *args: ops.tree_attention(*args), backend="aot_eager")
+    with pytest.raises(TypeError, match="cache_len must have dtype"):
+        traced(q, k, v, cache_len.to(torch.int32), mask)
+    with pytest.raises(ValueError, match="tree_mask must have shape"):
+        traced(q, k, v, cache_len, mask[:, :3])
