@@ -5,6 +5,7 @@ Type, shape, dtype and device checks always run; the value scans run in eager mo
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -92,6 +93,42 @@ def values(value) -> torch.Tensor:
         float(value), dtype=torch.float64)
 
 
+class RecentlyValid:
+    """The inputs of the last few calls whose value scans passed, so that the same tensors passed again
+    unchanged (every layer of a forward passes tree_attention the same cache_len and tree_mask) are not
+    scanned again. An entry holds weak references to the tensors, the call's other parameters, and each
+    tensor's data_ptr, shape, strides, dtype, device and version counter: an in-place edit of the tensor or
+    of any view of its storage bumps the version, so it is scanned again. Writes that bypass the version
+    counter (through .data, numpy or DLPack aliases) are not seen, and inference-mode tensors (no version
+    counter) are scanned on every call."""
+
+    def __init__(self, capacity: int = 4) -> None:
+        self.capacity = capacity
+        self.entries: list = []  # [(weakrefs, params, fingerprints)], newest last
+
+    @staticmethod
+    def fingerprint(t: torch.Tensor):
+        try:
+            version = t._version
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+        return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, version)
+
+    def known(self, tensors: tuple, params: tuple) -> bool:
+        for refs, entry_params, fingerprints in reversed(self.entries):
+            if entry_params == params and all(r() is t for r, t in zip(refs, tensors)):
+                prints = tuple(self.fingerprint(t) for t in tensors)
+                return None not in prints and prints == fingerprints
+        return False
+
+    def remember(self, tensors: tuple, params: tuple) -> None:
+        prints = tuple(self.fingerprint(t) for t in tensors)
+        if None in prints:
+            return
+        self.entries = self.entries[-(self.capacity - 1):] + [
+            (tuple(weakref.ref(t) for t in tensors), params, prints)]
+
+
 def check_parents(parents: torch.Tensor, name: str = "parents") -> None:
     """parents [B, T] int64: parents[:, 0] == -1; each other node is padding (-1) or has a parent
     that comes before it and is not padding itself."""
@@ -99,8 +136,12 @@ def check_parents(parents: torch.Tensor, name: str = "parents") -> None:
     B, T = parents.shape
     if T < 1:
         raise ValueError(f"{name} must have at least one node (the root), got shape {list(parents.shape)}")
-    if not scan_values():
+    if not scan_values() or _PARENTS.known((parents,), ()):
         return
+    if _parents_valid(parents):
+        _PARENTS.remember((parents,), ())
+        return
+    # something is wrong: the rules one by one, to name the first that fails
     if bool((parents[:, 0] != -1).any()):
         raise ValueError(f"{name}[:, 0] must be -1 (node 0 is the root)")
     if T == 1:
@@ -114,6 +155,22 @@ def check_parents(parents: torch.Tensor, name: str = "parents") -> None:
     parent_real = torch.gather(is_real, 1, rest.clamp(min=0))
     if bool(((rest >= 0) & ~parent_real).any()):
         raise ValueError(f"{name} links a node to a padding node (parents[b, i] names a node whose parent is -1)")
+
+
+_PARENTS = RecentlyValid()  # decoding checks each step's tree twice (ancestor_mask, verify)
+
+
+def _parents_valid(parents: torch.Tensor) -> bool:
+    """Every rule of check_parents at once (one host sync)."""
+    T = parents.shape[1]
+    bad = (parents[:, 0] != -1).any()
+    if T > 1:
+        rest = parents[:, 1:]  # [B, T - 1]
+        is_real = torch.cat([torch.ones_like(parents[:, :1], dtype=torch.bool), rest >= 0], 1)  # [B, T]
+        parent_real = torch.gather(is_real, 1, rest.clamp(0, T - 1))
+        ids = torch.arange(1, T, device=parents.device)
+        bad = bad | ((rest < -1) | (rest >= ids) | ((rest >= 0) & ~parent_real)).any()
+    return not bool(bad)
 
 
 from .checks_verify import check_philox, check_process_logits, check_verify  # noqa: E402,F401

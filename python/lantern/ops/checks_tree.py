@@ -85,24 +85,45 @@ def check_tree_attention(q, k_cache, v_cache, cache_len, tree_mask) -> None:
         _last_dim_contiguous(name, t)
     c.tensor("cache_len", cache_len, shape=[B], dtypes=(torch.int64,), device=dev)
     c.tensor("tree_mask", tree_mask, shape=[B, T, (T + 31) // 32], dtypes=(torch.int32,), device=dev)
-    if not c.scan_values():
+    if not c.scan_values() or _ATTENTION_INPUTS.known((cache_len, tree_mask), (T, Lmax)):
         return
-    if bool(((cache_len < 0) | (cache_len + T > Lmax)).any()):
-        raise ValueError(f"cache_len must satisfy 0 <= cache_len and cache_len + T <= Lmax "
-                         f"(T={T}, Lmax={Lmax}), got {cache_len.tolist()}")
-    _check_tree_mask_bits(tree_mask, T)
-
-
-def _check_tree_mask_bits(tree_mask: torch.Tensor, T: int) -> None:
-    from .reference.tree import unpack_bits
-
-    W = tree_mask.shape[-1]
-    bits = unpack_bits(tree_mask, 32 * W)  # [B, T, 32W]
-    node_ids = torch.arange(T, device=tree_mask.device)
-    if not bool(bits[:, node_ids, node_ids].all()):
-        raise ValueError("tree_mask must set bit i of node i (every node attends to itself)")
-    if bool(bits[:, :, T:].any()):
+    bad_len = ((cache_len < 0) | (cache_len + T > Lmax)).any()
+    no_self, past_tree = _tree_mask_faults(tree_mask, T)
+    if bool(bad_len | no_self | past_tree):  # one host sync; then the message of the first fault
+        if bool(bad_len):
+            raise ValueError(f"cache_len must satisfy 0 <= cache_len and cache_len + T <= Lmax "
+                             f"(T={T}, Lmax={Lmax}), got {cache_len.tolist()}")
+        if bool(no_self):
+            raise ValueError("tree_mask must set bit i of node i (every node attends to itself)")
         raise ValueError(f"tree_mask sets a bit for a node >= T={T} (past the tree)")
+    _ATTENTION_INPUTS.remember((cache_len, tree_mask), (T, Lmax))
+
+
+# the (cache_len, tree_mask) pairs scanned last: a forward passes every layer the same pair
+_ATTENTION_INPUTS = c.RecentlyValid()
+
+
+def _tree_mask_faults(tree_mask: torch.Tensor, T: int):
+    """(some node lacks its own bit, some bit names a node >= T) as 0-d bool tensors (no host sync), tested
+    on the packed words against two constant word tables."""
+    own, outside = _mask_words(T, tree_mask.device)
+    return ((tree_mask & own) != own).any(), (tree_mask & outside).any()
+
+
+_MASK_WORDS: dict = {}  # (T, device) -> (own [T, W], outside [W]) int32 words
+
+
+def _mask_words(T: int, device: torch.device):
+    """own[i] = node i's own bit in its packed row, outside = the bits of nodes >= T (per word)."""
+    key = (T, device)
+    if key not in _MASK_WORDS:
+        from .reference.tree import pack_bits
+
+        own = pack_bits(torch.eye(T, dtype=torch.bool))  # [T, ceil(T/32)]
+        inside = pack_bits(torch.ones(1, T, dtype=torch.bool))[0]  # [ceil(T/32)]
+        outside = ~inside  # bits 32W > j >= T
+        _MASK_WORDS[key] = (own.to(device), outside.to(device))
+    return _MASK_WORDS[key]
 
 
 def check_compact_kv(cache, cache_len, path_nodes, n_keep) -> None:
@@ -123,14 +144,19 @@ def check_compact_kv(cache, cache_len, path_nodes, n_keep) -> None:
     P = path_nodes.shape[1]
     if not c.scan_values():
         return
-    if bool(((cache_len < 0) | (cache_len > Lmax)).any()):
+    bad_len = ((cache_len < 0) | (cache_len > Lmax)).any()
+    bad_keep = ((n_keep < 0) | (n_keep > P) | (cache_len + n_keep > Lmax)).any()
+    fits = (Lmax - cache_len)[:, None]  # [B, 1] tree positions that fit in the cache
+    bad_nodes = ((path_nodes < -1) | (path_nodes >= fits)).any()
+    kept = torch.arange(P, device=dev)[None, :] < n_keep[:, None]  # [B, P]
+    missing = (kept & (path_nodes < 0)).any()
+    if not bool(bad_len | bad_keep | bad_nodes | missing):  # one host sync; then the first fault's message
+        return
+    if bool(bad_len):
         raise ValueError(f"cache_len must be in [0, Lmax={Lmax}], got {cache_len.tolist()}")
-    if bool(((n_keep < 0) | (n_keep > P) | (cache_len + n_keep > Lmax)).any()):
+    if bool(bad_keep):
         raise ValueError(f"n_keep must be in [0, P={P}] with cache_len + n_keep <= Lmax={Lmax}, "
                          f"got {n_keep.tolist()}")
-    fits = (Lmax - cache_len)[:, None]  # [B, 1] tree positions that fit in the cache
-    if bool(((path_nodes < -1) | (path_nodes >= fits)).any()):
+    if bool(bad_nodes):
         raise ValueError("path_nodes entries must be -1 or tree nodes j with cache_len + j < Lmax")
-    kept = torch.arange(P, device=dev)[None, :] < n_keep[:, None]  # [B, P]
-    if bool((kept & (path_nodes < 0)).any()):
-        raise ValueError("path_nodes must not be -1 within the first n_keep entries of a row")
+    raise ValueError("path_nodes must not be -1 within the first n_keep entries of a row")

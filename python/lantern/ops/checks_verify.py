@@ -60,6 +60,10 @@ def _check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, V, device)
     c.per_row("top_p", top_p, B, device)
     if not c.scan_values():
         return
+    numbers = [v for v in (cfg_scale, temperature, top_k, top_p) if not isinstance(v, torch.Tensor)]
+    if len(numbers) == 4 and math.isfinite(cfg_scale) and math.isfinite(temperature) and temperature >= 0 \
+            and top_k >= 0 and 0 < top_p <= 1:
+        return  # Python numbers, all valid: no tensor work (the common case of every decoding step)
     if not bool(torch.isfinite(c.values(cfg_scale)).all()):
         raise ValueError(f"cfg_scale must be finite, got {cfg_scale}")
     t = c.values(temperature)
@@ -101,8 +105,9 @@ def check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, 
     if c.scan_values():
         is_pad = torch.zeros_like(parents, dtype=torch.bool)
         is_pad[:, 1:] = parents[:, 1:] < 0
-        c.in_range("tokens", tokens[~is_pad], 0, V)
-        if bool((tokens[is_pad] != -1).any()):
+        bad = torch.where(is_pad, tokens != -1, (tokens < 0) | (tokens >= V))  # [B, T]
+        if bool(bad.any()):  # one host sync; then the message
+            c.in_range("tokens", tokens[~is_pad], 0, V)
             raise ValueError("tokens of padding nodes (parents == -1, i > 0) must be -1")
     _check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, V, dev)
     if draft_probs is not None:
