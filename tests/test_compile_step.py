@@ -360,3 +360,21 @@ def test_shape_and_dtype_checks_still_run_while_tracing(backend):
         traced(q, k, v, cache_len.to(torch.int32), mask)
     with pytest.raises(ValueError, match="tree_mask must have shape"):
         traced(q, k, v, cache_len, mask[:, :3])
+
+
+def test_scanned_inputs_are_scanned_again_after_an_in_place_edit():
+    """checks.RecentlyValid skips the scan of the same unchanged tensors only: an in-place edit is seen."""
+    q, k, v, cache_len, mask = self_check.attention_case(CPU)
+    ops.tree_attention(q, k, v, cache_len, mask)
+    ops.tree_attention(q, k, v, cache_len, mask)  # known valid: not scanned
+    mask[0, 0, 0] &= ~1  # node 0 of row 0 loses its own bit
+    with pytest.raises(ValueError, match="tree_mask must set bit i of node i"):
+        ops.tree_attention(q, k, v, cache_len, mask)
+    cache_len[1] = 100
+    with pytest.raises(ValueError, match="cache_len must satisfy"):
+        ops.tree_attention(q, k, v, cache_len, ancestor_mask(torch.tensor(self_check.ATT_PARENTS)))
+    parents = torch.tensor(self_check.ATT_PARENTS)
+    ops.ancestor_mask(parents)
+    parents[0, 2] = 3  # a parent after its child
+    with pytest.raises(ValueError, match="topologically ordered"):
+        ops.ancestor_mask(parents)
