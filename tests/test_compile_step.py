@@ -378,3 +378,29 @@ def test_scanned_inputs_are_scanned_again_after_an_in_place_edit():
     parents[0, 2] = 3  # a parent after its child
     with pytest.raises(ValueError, match="topologically ordered"):
         ops.ancestor_mask(parents)
+
+
+FRESH_PROCESS_SCRIPT = textwrap.dedent('''
+    import torch
+    import lantern
+    from lantern.ops import self_check
+
+    args = self_check.attention_case(torch.device("cpu"))
+    traced = torch.compile(lambda *a: lantern.ops.tree_attention(*a), backend="aot_eager", fullgraph=True)
+    print(tuple(traced(*args).shape))  # the reference backend, nothing run eagerly before
+    lantern.enable_fused("auto")  # loads the fused backends (eager)
+    traced = torch.compile(lambda *a: lantern.ops.tree_attention(*a), backend="aot_eager", fullgraph=True)
+    print(tuple(traced(*args).shape))
+''')
+
+
+def test_tracing_needs_no_eager_call_first():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == ["(2,", "4,", "5,", "16)"] * 2

@@ -86,6 +86,7 @@ def enable_fused(backend: str = "auto") -> None:
     """Route ``lantern.ops`` to fused kernels. ``"auto"`` picks per call from the inputs' device:
     CPU tensors -> ``"cpu"``; CUDA tensors -> ``"cuda"``, then ``"triton"``; else the reference."""
     _state.backend = _validate(backend)
+    _load_backends()  # now, in eager mode: torch.compile cannot trace the loading
 
 
 def disable_fused() -> None:
@@ -114,8 +115,10 @@ def _auto_candidates(device: torch.device) -> tuple:
 
 def resolve(op_name: str, device: torch.device) -> Callable:
     """The implementation of ``op_name`` for the active backend and an input on ``device``."""
-    _load_backends()
     backend = active_backend()
+    if backend == "reference":
+        return _REGISTRY["reference"][op_name]
+    _load_backends()
     if backend == "auto":
         for name in _auto_candidates(device):
             impl = _REGISTRY[name].get(op_name)
@@ -250,10 +253,14 @@ _loaded = False
 def _load_backends() -> None:
     """Fill the fused backends' tables (lazily, to keep import cheap: it imports lantern._C and triton):
     "cpu" / "cuda" get the ops of lantern._C with a kernel for the CPU / CUDA dispatch key, "triton" the ops
-    of lantern_kernels. Call it (or any op, or ``enable_fused``) once eagerly before torch.compile traces."""
+    of lantern_kernels. ``enable_fused`` calls it, so it has run before torch.compile traces a fused backend
+    (the reference backend does not need it)."""
     global _loaded
     if _loaded:
         return
+    if torch.compiler.is_compiling():
+        raise RuntimeError("lantern's fused backends load on first use in eager mode: call lantern.enable_fused() "
+                           "(or run any lantern.ops op) before torch.compile traces")
     from .ops import fused_cpu, fused_triton
 
     _AVAILABILITY.update(cpu=fused_cpu.cpu_unavailable, cuda=fused_cpu.cuda_unavailable,
