@@ -51,15 +51,29 @@ def noise_counters(purpose: int, half: int, channel: IntOrTensor, image: IntOrTe
 
 def gaussian(seed: int, purpose: int, image: torch.Tensor, position: torch.Tensor, step: IntOrTensor,
              channels: int) -> torch.Tensor:
-    """Standard normals [N, channels] float32 for rows (image [N], position [N]) at ``step``."""
+    """Standard normals float32 for rows (image [N], position [N]): [N, channels] at an int ``step``, or
+    [S, N, channels] for a 1-D tensor of S steps."""
     if not 0 < channels <= MAX_CHANNELS:
         raise ValueError(f"channels must be in 1..{MAX_CHANNELS}, got {channels}")
     channel = torch.arange(channels, dtype=torch.int64, device=image.device)[None, :]  # [1, C]
     img, pos = image.to(torch.int64)[:, None], position.to(torch.int64)[:, None]  # [N, 1]
+    if isinstance(step, torch.Tensor):
+        step = step.to(device=image.device, dtype=torch.int64)[:, None, None]  # [S, 1, 1]
     u0 = ops.philox_uniform(seed, *noise_counters(purpose, 0, channel, img, pos, step))
     u1 = ops.philox_uniform(seed, *noise_counters(purpose, 1, channel, img, pos, step))
     u0, u1 = torch.broadcast_tensors(u0, u1)
     return torch.sqrt(-2.0 * torch.log1p(-u0)) * torch.cos((2.0 * math.pi) * u1)
+
+
+def step_noise(seed: int, image: torch.Tensor, position: torch.Tensor, num_steps: int, channels: int,
+               max_elements: int = 1 << 21) -> torch.Tensor:
+    """eps_t [num_steps, N, C] for t = 0 .. num_steps-1 (row t = 0 unused by MAR's loop), drawn in chunks of
+    steps of at most ``max_elements`` numbers (one Philox call pair per chunk, not per step)."""
+    N = image.shape[0]
+    per_chunk = max(1, max_elements // max(1, N * channels))
+    steps = torch.arange(num_steps, dtype=torch.int64, device=image.device)
+    return torch.cat([gaussian(seed, PURPOSE_EPS, image, position, chunk, channels)
+                      for chunk in steps.split(per_chunk)])
 
 
 def sample_orders(seed: int, image_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -144,7 +158,8 @@ def predict_positions(model, z: torch.Tensor, z_uncond: Optional[torch.Tensor], 
     img = image_ids[b]
     C = model.config.token_embed_dim
     x_T = gaussian(seed, PURPOSE_X_T, img, p, 0, C)
-    eps = lambda t: gaussian(seed, PURPOSE_EPS, img, p, t, C)
+    eps_all = step_noise(seed, img, p, model.diffloss.gen_diffusion.num_timesteps, C)  # [T, M, C]
+    eps = lambda t: eps_all[t]
     eps0 = gaussian(seed, PURPOSE_EPS_0, img, p, 0, C) if last_step_noise else None
     out = model.diffloss.sample(z[b, p], x_T.to(z.device), eps, temperature=temperature, cfg=cfg,
                                 z_uncond=None if z_uncond is None else z_uncond[b, p], last_step_noise=eps0)

@@ -193,11 +193,16 @@ class GaussianDiffusion:
         self.posterior_mean_coef1 = self.betas * np.sqrt(abar_prev) / (1.0 - abar)
         self.posterior_mean_coef2 = (1.0 - abar_prev) * np.sqrt(1.0 - self.betas) / (1.0 - abar)
         self.log_betas = np.log(self.betas)
+        self._device_tables = {}
 
-    @staticmethod
-    def _at(table: np.ndarray, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """table[t] as float32 [N, 1] on like's device (broadcasts over channels)."""
-        return torch.from_numpy(table).to(like.device)[t.to(like.device)].float()[:, None]
+    def _at(self, table: np.ndarray, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """table[t] as float32 [N, 1] on like's device (broadcasts over channels); the float32 copies are
+        made once per table and device."""
+        key = (id(table), like.device)
+        cached = self._device_tables.get(key)
+        if cached is None:
+            cached = self._device_tables[key] = torch.from_numpy(table).float().to(like.device)
+        return cached[t.to(like.device)][:, None]
 
     def original_steps(self, t: torch.Tensor) -> torch.Tensor:
         """Respaced indices [N] -> the step numbers the net is called with."""

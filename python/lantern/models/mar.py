@@ -73,15 +73,18 @@ MAR_CONFIGS: Dict[str, MARConfig] = {
                        decoder_depth=16, decoder_num_heads=16, diffloss_d=8, diffloss_w=1280),
     "MAR-H": MARConfig(encoder_embed_dim=1280, encoder_depth=20, encoder_num_heads=16, decoder_embed_dim=1280,
                        decoder_depth=20, decoder_num_heads=16, diffloss_d=12, diffloss_w=1536),
-    # the project's tiny continuous default: 32x32 images -> 8x8 latents of 16 channels (KL-tiny), 10 classes
+    # the project's tiny continuous default: 32x32 images -> 8x8 latents of 16 channels (KL-tiny), 10 classes;
+    # 50 sampling steps by default to keep CPU sampling affordable (the head is trained on all 1000, so any
+    # respacing works: num_sampling_steps="100" as for the released models)
     "MAR-tiny": MARConfig(img_size=32, vae_stride=4, encoder_embed_dim=192, encoder_depth=3, encoder_num_heads=3,
                           decoder_embed_dim=192, decoder_depth=3, decoder_num_heads=3, class_num=10,
-                          buffer_size=16, diffloss_d=3, diffloss_w=256, attn_dropout=0.0, proj_dropout=0.0),
+                          buffer_size=16, diffloss_d=3, diffloss_w=192, num_sampling_steps="50",
+                          attn_dropout=0.0, proj_dropout=0.0),
     # its drafter: same family and latent space, a smaller transformer and head
     "MAR-tiny-drafter": MARConfig(img_size=32, vae_stride=4, encoder_embed_dim=128, encoder_depth=2,
                                   encoder_num_heads=2, decoder_embed_dim=128, decoder_depth=2, decoder_num_heads=2,
-                                  class_num=10, buffer_size=16, diffloss_d=2, diffloss_w=128, attn_dropout=0.0,
-                                  proj_dropout=0.0),
+                                  class_num=10, buffer_size=16, diffloss_d=2, diffloss_w=128, num_sampling_steps="50",
+                                  attn_dropout=0.0, proj_dropout=0.0),
 }
 
 
