@@ -19,14 +19,25 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                     "Prints tokens/s; with the tiny default model also the classifier's class accuracy and "
                     "the Frechet distance to the dataset in the classifier's feature space.")
     src = p.add_argument_group("model")
-    src.add_argument("--model", default="tiny", choices=["tiny", "checkpoint"],
+    src.add_argument("--model", default="tiny", choices=["tiny", "checkpoint", "tiny-mar", "mar-checkpoint"],
                      help="'tiny': the shipped default (trained by python -m lantern.tiny.train); "
-                          "'checkpoint': official LlamaGen files given by --gpt / --vq")
+                          "'checkpoint': official LlamaGen files given by --gpt / --vq; "
+                          "'tiny-mar': the continuous-token default (trained by python -m lantern.tiny_mar.train); "
+                          "'mar-checkpoint': official MAR files given by --mar / --vae")
     src.add_argument("--gpt", metavar="PATH", help="GPT checkpoint (.pt / .pth / .safetensors)")
     src.add_argument("--gpt-name", default="GPT-XL", help="GPT config: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B")
     src.add_argument("--vq", metavar="PATH", help="VQ-16 tokenizer checkpoint")
     src.add_argument("--image-size", type=int, default=256, choices=[256, 384, 512],
                      help="official models: image size (16x16, 24x24 or 32x32 tokens)")
+    mar = p.add_argument_group("MAR (--model tiny-mar | mar-checkpoint)")
+    mar.add_argument("--mar", metavar="PATH", help="MAR checkpoint (checkpoint-last.pth: its model_ema; or safetensors)")
+    mar.add_argument("--mar-name", default="MAR-B", help="MAR config: MAR-B, MAR-L, MAR-H")
+    mar.add_argument("--vae", metavar="PATH", help="KL-16 autoencoder checkpoint (kl16.ckpt)")
+    mar.add_argument("--vae-name", default="KL-16", choices=["KL-16", "KL-tiny"], help="autoencoder config")
+    mar.add_argument("--num-iter", type=int, help="MAR steps (default: the model's recommendation; 64 official)")
+    mar.add_argument("--cfg-schedule", choices=["linear", "constant"], help="guidance schedule over the MAR steps "
+                     "(default: the model's recommendation, linear)")
+    mar.add_argument("--num-sampling-steps", help="official models: diffusion steps of the head (default 100)")
     samp = p.add_argument_group("sampling")
     samp.add_argument("--classes", type=int, nargs="+", help="class ids, one grid row each "
                       "(default: every tiny class / LlamaGen's demo classes)")
@@ -110,6 +121,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from .decoding import generate, generate_ar
     from .images import save_grid
 
+    if args.model in ("tiny-mar", "mar-checkpoint"):
+        from .generate_mar_cli import run_generate_mar
+
+        return run_generate_mar(args)
     if args.fused:
         enable_fused(args.fused)
     gpt, vq, meta = _load(args)

@@ -177,7 +177,7 @@ class GaussianDiffusion:
         for i in kept:
             betas.append(1 - base_abar[i] / last)
             last = base_abar[i]
-        self.timestep_map = torch.tensor(kept, dtype=torch.int64)
+        self.timestep_map = torch.tensor(kept, dtype=torch.int64, device="cpu")  # also when built under a meta device
         self.betas = np.array(betas, dtype=np.float64)
         self.num_timesteps = len(kept)
         abar = np.cumprod(1.0 - self.betas)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -22,8 +23,8 @@ class TinyMAR:
     meta: dict  # configs, latent scale, sampling defaults, training figures
 
 
-def tiny_mar_meta(directory: Path = TINY_MAR_DIR) -> dict:
-    directory = Path(directory)
+def tiny_mar_meta(directory: Optional[Path] = None) -> dict:
+    directory = Path(directory or TINY_MAR_DIR)
     missing = [name for name in WEIGHT_FILES if not (directory / name).exists()]
     if missing:
         raise FileNotFoundError(
@@ -33,10 +34,11 @@ def tiny_mar_meta(directory: Path = TINY_MAR_DIR) -> dict:
     return json.loads((directory / META_FILE).read_text())
 
 
-def load_tiny_mar(device="cpu", directory: Path = TINY_MAR_DIR) -> TinyMAR:
+def load_tiny_mar(device="cpu", directory: Optional[Path] = None) -> TinyMAR:
+    """The shipped models (directory None: ``TINY_MAR_DIR``, read at call time)."""
     from ..models import load_mar, load_vae
 
-    directory = Path(directory)
+    directory = Path(directory or TINY_MAR_DIR)
     meta = tiny_mar_meta(directory)
     mar = load_mar(str(directory / "mar.safetensors"), meta["mar_name"], device=device, **meta["mar_overrides"])
     drafter = load_mar(str(directory / "drafter.safetensors"), meta["drafter_name"], device=device,
