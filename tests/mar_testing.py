@@ -203,9 +203,10 @@ def literal_net(sd, x, t, c, depth):
     n = "diffloss.net."
     sd = {k[len(n):]: v.double() for k, v in sd.items() if k.startswith(n)}
     half = 128
-    freqs = torch.tensor([math.exp(-math.log(10000.0) * k / half) for k in range(half)], dtype=torch.float64)
-    args = t.double()[:, None] * freqs[None]
-    temb = torch.cat([torch.cos(args), torch.sin(args)], dim=1)
+    # the reference computes the sinusoidal features in float32, whatever the net's dtype
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    args = t.float()[:, None] * freqs[None]
+    temb = torch.cat([torch.cos(args), torch.sin(args)], dim=1).double()
     y = _lin(_silu(_lin(temb, sd, "time_embed.mlp.0")), sd, "time_embed.mlp.2") + _lin(c.double(), sd, "cond_embed")
     h = _lin(x.double(), sd, "input_proj")
     W = h.shape[1]
