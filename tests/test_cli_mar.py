@@ -1,0 +1,74 @@
+"""`lantern generate` with MAR models: official-layout files (small random ones here) write the grid and
+the JSON; --batch does not change the picture; --model tiny-mar says how to train the weights while they
+are missing, and samples them once they are there."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from PIL import Image
+
+import lantern.tiny_mar
+from lantern.cli import main
+from lantern.models import build_mar, build_vae
+
+
+def lantern_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "lantern", *args], capture_output=True, text=True, timeout=timeout,
+                          check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mar")
+    torch.manual_seed(0)
+    torch.save({"model": build_mar("MAR-tiny-drafter").state_dict(),
+                "model_ema": build_mar("MAR-tiny-drafter").state_dict()}, d / "checkpoint-last.pth")
+    torch.save({"model": build_vae("KL-tiny").state_dict()}, d / "kl.ckpt")
+    return d
+
+
+def _args(files, out, *extra):
+    return ["generate", "--model", "mar-checkpoint", "--mar", str(files / "checkpoint-last.pth"), "--mar-name",
+            "MAR-tiny-drafter", "--vae", str(files / "kl.ckpt"), "--vae-name", "KL-tiny", "--num-iter", "3",
+            "--num-sampling-steps", "4", "--classes", "0", "5", "--per-class", "2", "--seed", "3", "--out", str(out),
+            "--no-progress", *extra]
+
+
+def test_mar_checkpoint_writes_grid_and_figures(files, tmp_path):
+    js = tmp_path / "run.json"
+    stdout = lantern_cli(*_args(files, tmp_path / "a.png", "--json", str(js)))
+    assert "tokens/s" in stdout and "diffusion head" in stdout
+    figures = json.loads(js.read_text())
+    assert figures["family"] == "mar" and figures["images"] == 4 and figures["num_iter"] == 3
+    assert figures["diffusion_steps"] == 4 and figures["transformer_s"] > 0 and figures["head_s"] > 0
+    with Image.open(tmp_path / "a.png") as picture:  # 2 rows x 2 columns of 32 px tiles, upscaled x4
+        assert picture.size == (256, 256)
+    lantern_cli(*_args(files, tmp_path / "b.png", "--batch", "3"))
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+
+
+def test_mar_rejects_discrete_options(files, tmp_path):
+    with pytest.raises(SystemExit, match="continuous speculative"):
+        main(_args(files, tmp_path / "c.png", "--method", "lantern"))
+    with pytest.raises(SystemExit, match="top-k"):
+        main(_args(files, tmp_path / "c.png", "--top-k", "10"))
+    with pytest.raises(SystemExit, match="--vae PATH"):
+        main(["generate", "--model", "mar-checkpoint", "--mar", str(files / "checkpoint-last.pth")])
+
+
+def test_tiny_mar_missing_weights_say_how_to_train(tmp_path, monkeypatch):
+    monkeypatch.setattr(lantern.tiny_mar, "TINY_MAR_DIR", tmp_path / "absent")
+    with pytest.raises(SystemExit, match="python -m lantern.tiny_mar.train"):
+        main(["generate", "--model", "tiny-mar", "--out", str(tmp_path / "x.png"), "--no-progress"])
+
+
+@pytest.mark.skipif(not (lantern.tiny_mar.TINY_MAR_DIR / lantern.tiny_mar.META_FILE).exists(),
+                    reason="the tiny MAR weights are not trained yet (python -m lantern.tiny_mar.train)")
+def test_tiny_mar_generates(tmp_path):
+    js = tmp_path / "run.json"
+    stdout = lantern_cli("generate", "--model", "tiny-mar", "--classes", "2", "--per-class", "2", "--num-iter", "4",
+                         "--out", str(tmp_path / "t.png"), "--json", str(js), "--no-progress")
+    assert "classifier accuracy" in stdout
+    assert 0.0 <= json.loads(js.read_text())["class_accuracy"] <= 1.0
