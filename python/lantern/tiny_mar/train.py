@@ -16,7 +16,7 @@ drafter.safetensors (float32) and tiny_mar.json (configs, latent scale, plan, ti
 defaults). Load them with ``lantern.tiny_mar.load_tiny_mar()``.
 
 Seeded: the same command with the same thread count gives the same weights. Float32 throughout (bf16
-autocast measured 15x slower than float32 on the project's CPU). ``--minutes-budget`` scales the step
+autocast measured about 17x slower than float32 on the project's CPU). ``--minutes-budget`` scales the step
 counts of the three trainings so that the whole run fits about that many minutes; the default plan is
 estimated from per-step times measured at one thread on the shared 2-core machine (another process busy on
 the other core): data 0.3 min, VAE 600 x 0.75 s = 7.5 min, posteriors 4 min, target 1500 x 1.6 s = 40 min,
