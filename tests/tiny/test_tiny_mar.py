@@ -14,7 +14,7 @@ from lantern.tiny_mar import train
 def test_budget_scales_training_steps_only():
     plan = train.Plan()
     half = plan.scaled(0.5)
-    assert (half.vae_steps, half.mar_steps, half.drafter_steps) == (300, 750, 600)
+    assert (half.vae_steps, half.mar_steps, half.drafter_steps) == (300, 600, 500)
     assert (half.eval_per_class, half.num_iter, half.sweep) == (plan.eval_per_class, plan.num_iter, plan.sweep)
 
 

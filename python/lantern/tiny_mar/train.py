@@ -1,6 +1,6 @@
 """Train the tiny continuous-token default on CPU, in one command:
 
-    python -m lantern.tiny_mar.train [--out DIR] [--minutes-budget 75] [--threads 1]
+    python -m lantern.tiny_mar.train [--out DIR] [--minutes-budget 80] [--threads 1]
 
 Stages: (a) the KL-tiny autoencoder on the procedural shapes (mse + l1 reconstruction + a small KL to N(0, 1)),
 (b) the posterior (mean, std) of every training image and the latent scale (1 / std of posterior samples,
@@ -19,9 +19,10 @@ Seeded: the same command with the same thread count gives the same weights. Floa
 autocast measured about 17x slower than float32 on the project's CPU). ``--minutes-budget`` scales the step
 counts of the three trainings so that the whole run fits about that many minutes; the default plan is
 estimated from per-step times measured at one thread on the shared 2-core machine (another process busy on
-the other core): data 0.3 min, VAE 600 x 0.75 s = 7.5 min, posteriors 4 min, target 1500 x 1.6 s = 40 min,
-drafter 1200 x 0.55 s = 11 min, evaluation about 18 min (300 + 1000 target and 1000 drafter samples at
-16 MAR steps, 50 diffusion steps, guidance; timings) -- about 80 minutes in all.
+the other core): data 0.3 min, VAE 600 x 0.75 s = 7.5 min, posteriors about 3 min, target 1200 x 2.2 s =
+44 min, drafter 1000 x 0.6 s = 10 min, evaluation about 14 min (0.46 s per target image and 0.18 s per
+drafter image at 16 MAR steps, 50 diffusion steps and guidance: 300 + 1000 target and 1000 drafter
+samples, then the batch 1 / 16 timings) -- about 80 minutes in all.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from tqdm import tqdm
 from ..tiny.data import CLASS_NAMES, DEFAULT_SEED, make_dataset
 
 DEFAULT_BUDGET_MINUTES = 80.0  # the default plan's estimate (module docstring)
-FIXED_MINUTES = 22.0  # data, posteriors and evaluation: not scaled by --minutes-budget
+FIXED_MINUTES = 18.0  # data, posteriors and evaluation: not scaled by --minutes-budget
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class Plan:
     vae_l1: float = 1.0
     vae_kl: float = 1e-4  # weight of the mean KL per latent element against the per-pixel reconstruction
     # (c) target, (d) drafter
-    mar_steps: int = 1500
-    drafter_steps: int = 1200
+    mar_steps: int = 1200
+    drafter_steps: int = 1000
     mar_batch: int = 64
     mar_lr: float = 1e-3
     mar_warmup: int = 100
@@ -283,7 +284,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(TINY_MAR_DIR), help="output directory (default: the shipped weights' place)")
     p.add_argument("--minutes-budget", type=float, default=DEFAULT_BUDGET_MINUTES,
                    help="scale the training step counts so that the run takes about this many minutes (default "
-                        "plan: %(default)s; data, posteriors and evaluation take about 22 of them whatever the budget)")
+                        "plan: %(default)s; data, posteriors and evaluation take about 18 of them whatever the budget)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: independent of the core count)")
     p.add_argument("--tiny-dir", default=None, help="the tiny GPT's weights directory, for the classifier and the FD "
                    "reference (default: python/lantern/weights/tiny)")
