@@ -81,8 +81,9 @@ packages += find_packages(".", include=["lantern_kernels", "lantern_kernels.*"])
 setup(
     packages=packages,
     package_dir={"lantern": "python/lantern", "lantern_kernels": "lantern_kernels"},
-    # the tiny default model's weights ship inside the package (a non-editable install needs them too)
-    package_data={"lantern": ["weights/tiny/*.safetensors", "weights/tiny/*.json"]},
+    # the tiny default models' weights ship inside the package (a non-editable install needs them too)
+    package_data={"lantern": ["weights/tiny/*.safetensors", "weights/tiny/*.json", "weights/tiny_mar/*.safetensors",
+                              "weights/tiny_mar/*.json"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExt},
 )
