@@ -73,6 +73,9 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     run.add_argument("--batch", type=int, metavar="N", help="generate N images at a time (default: all at once); "
                      "batch i samples with seed + i, and the AR baseline uses the same batches")
     run.add_argument("--fused", metavar="BACKEND", help="enable fused ops: auto | cpu | cuda | triton")
+    run.add_argument("--compile", action="store_true",
+                     help="target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), "
+                          "node counts padded to a few buckets; the one-off compile time is reported")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     run.add_argument("--out", default="samples.png", metavar="PATH", help="PNG grid to write")
     run.add_argument("--json", metavar="PATH", help="also write the run's figures as JSON")
@@ -140,6 +143,9 @@ def run_generate(args: argparse.Namespace) -> int:
     chunks = list(labels.split(batch))
     seeds = [args.seed + i for i in range(len(chunks))]
     options = {}
+    compile_stats = [{} for _ in chunks]  # AR: filled by generate_ar
+    if args.compile:
+        figures["compile"] = True
     if args.method != "ar":
         drafter, table = _drafter_and_table(args, gpt, vq)
         options = dict(method=args.method, drafter=drafter, neighbours=table, tree=args.tree, k=args.k,
@@ -151,27 +157,36 @@ def run_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if args.method == "ar":
         tokens = torch.cat([generate_ar(gpt, chunk, cfg_interval=args.cfg_interval,
-                                        on_token=lambda s, n=len(chunk): bar.update(n), **dict(sampling, seed=seed))
-                            for chunk, seed in zip(chunks, seeds)])
+                                        on_token=lambda s, n=len(chunk): bar.update(n), compile=args.compile,
+                                        stats=stat, **dict(sampling, seed=seed))
+                            for chunk, seed, stat in zip(chunks, seeds, compile_stats)])
         figures.update(tau=1.0, target_forwards=L * len(chunks), draft_forwards=0)
+        if args.compile:
+            figures.update(_compile_figures(compile_stats))
     else:
         parts, all_stats = [], []
         for chunk, seed in zip(chunks, seeds):
-            part, stats = generate(gpt, chunk, **options, **dict(sampling, seed=seed))
+            part, stats = generate(gpt, chunk, **options, compile=args.compile, **dict(sampling, seed=seed))
             parts.append(part)
             all_stats.append(stats)
             bar.update(len(chunk) * L)
         tokens = torch.cat(parts)
         figures.update(_spec_figures(all_stats), tree=args.tree, k=args.k, delta=args.delta, lam=args.lam,
                        budget=args.budget)
+        if args.compile:
+            figures.update(_compile_figures([vars(st) for st in all_stats]))
     figures["wall_s"] = time.perf_counter() - t0
     bar.close()
     figures["tokens_per_s"] = len(labels) * L / figures["wall_s"]
     if args.method != "ar" and not args.no_ar_baseline:
         t1 = time.perf_counter()
-        for chunk, seed in zip(chunks, seeds):
-            generate_ar(gpt, chunk, cfg_interval=args.cfg_interval, **dict(sampling, seed=seed))
+        ar_stats = [{} for _ in chunks]
+        for chunk, seed, stat in zip(chunks, seeds, ar_stats):
+            generate_ar(gpt, chunk, cfg_interval=args.cfg_interval, compile=args.compile, stats=stat,
+                        **dict(sampling, seed=seed))
         figures["ar_wall_s"] = time.perf_counter() - t1
+        if args.compile:
+            figures["ar_compile_s"] = _compile_figures(ar_stats)["compile_s"]
         figures["speedup_vs_ar"] = figures["ar_wall_s"] / figures["wall_s"]
     side = gpt.config.grid_size
     with torch.no_grad():
@@ -188,6 +203,12 @@ def run_generate(args: argparse.Namespace) -> int:
             json.dump(figures, f, indent=2)
         print(f"wrote {args.json}")
     return 0
+
+
+def _compile_figures(stats) -> dict:
+    """compile=True: the one-off compile time (first calls of each new graph, part of wall_s) and graphs."""
+    return dict(compile_s=sum(s.get("compile_s", 0.0) for s in stats),
+                compiled_graphs=sum(s.get("compiled_graphs", 0) for s in stats))
 
 
 def _batch_size(batch, n_images: int) -> int:
@@ -251,6 +272,9 @@ def _spec_figures(all_stats) -> dict:
 def _print_figures(f: dict, args) -> None:
     print(f"{f['images']} images x {f['tokens_per_image']} tokens in {f['wall_s']:.2f}s: "
           f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device})")
+    if "compile_s" in f:
+        print(f"compiled: {f['compiled_graphs']} graphs, {f['compile_s']:.2f}s of first calls (compile included) "
+              f"in the wall time above")
     if args.method != "ar":
         print(f"tau {f['tau']:.2f} tokens per target forward; {f['target_forwards']} target forwards, "
               f"{f['draft_forwards']} drafter forwards (batch {f['batch']})")
@@ -269,7 +293,8 @@ def _print_figures(f: dict, args) -> None:
             print(f"  {name:>7}: {p['steps']:4d} steps, expected {p['expected_tokens_per_s']:7.1f} tokens/s, "
                   f"achieved {p['achieved_tokens_per_s']:7.1f} ({why})")
         if "speedup_vs_ar" in f:
-            print(f"speed-up vs AR (same process): {f['speedup_vs_ar']:.2f}x (AR {f['ar_wall_s']:.2f}s)")
+            ar_compile = f" of which {f['ar_compile_s']:.2f}s compile" if "ar_compile_s" in f else ""
+            print(f"speed-up vs AR (same process): {f['speedup_vs_ar']:.2f}x (AR {f['ar_wall_s']:.2f}s{ar_compile})")
     if "class_accuracy" in f:
         print(f"classifier accuracy {100 * f['class_accuracy']:.1f}%  Frechet distance {f['fd']:.2f}")
     print(f"wrote {args.out}")

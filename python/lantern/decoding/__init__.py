@@ -13,27 +13,34 @@ __all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfi
 def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbours=None, tree: str = "auto",
              k: int = 1000, delta: float = 0.1, lam=None, budget: str = "candidate", cfg_scale=1.0,
              temperature=1.0, top_k=0, top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None,
-             emb_masks=None, **tree_options):
+             emb_masks=None, compile=False, **tree_options):
     """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed).
     Returns (tokens [B, L], SpecStats or None for AR); L = ``length`` (default: the whole image).
     tree: "auto" (the planner picks each step's tree, or a plain AR step, from the device's measured costs
     and the run's acceptance), "chain", "static" or "dynamic".
     tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft, cost_model, plans).
     emb_masks [B, C] (t2i GPT): which caption positions are real (1) or padding (0), see ``generate_ar``.
+    compile: True runs the target's (and drafter's) forwards through torch.compile (inductor; CUDA graphs on a
+    GPU) with node counts padded to a few buckets (``decoding/compiled.py``); a dict: those torch.compile
+    options. The one-off compile time is in the stats (``compile_s``; AR: pass ``stats={}`` to
+    ``generate_ar``).
     A MAR model (``model.family == "mar"``) samples with ``sample_mar``: -> (tokens [B, L, C], MARStats);
     its options (num_iter, cfg_schedule, image_ids, ...) are passed as keywords."""
     if getattr(model, "family", None) == "mar":
         if emb_masks is not None:
             raise ValueError("emb_masks (caption padding) is for t2i GPT models, not MAR")
+        if compile:
+            raise ValueError("compile is for GPT models (AR and speculative decoding), not MAR")
         return generate_mar(model, cond_idx, drafter=drafter, cfg_scale=cfg_scale, temperature=temperature,
                             seed=seed, **tree_options)
     if method == "ar":
         return generate_ar(model, cond_idx, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                            top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length,
-                           emb_masks=emb_masks), None
+                           emb_masks=emb_masks, compile=compile), None
     if drafter is None:
         raise ValueError(f"method={method!r} needs a drafter (lantern.models.drafter.EagleDrafter or GPTDrafter)")
-    config = SpecConfig(method=method, tree=tree, k=k, delta=delta, lam=lam, budget=budget, **tree_options)
+    config = SpecConfig(method=method, tree=tree, k=k, delta=delta, lam=lam, budget=budget, compile=compile,
+                        **tree_options)
     return generate_spec(model, drafter, cond_idx, neighbours, config=config, cfg_scale=cfg_scale,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, length=length,
                          cfg_interval=cfg_interval, emb_masks=emb_masks)

@@ -13,6 +13,7 @@ import torch
 
 from .. import ops
 from ..models.gpt import check_emb_masks
+from .compiled import CompileStats, compile_options, compiled_models
 
 Number = Union[int, float, torch.Tensor]
 
@@ -54,7 +55,8 @@ def check_length(length: Optional[int], block_size: int) -> int:
 def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, temperature: Number = 1.0,
                 top_k: Number = 0, top_p: Number = 1.0, cfg_interval: int = -1, seed: int = 0,
                 on_token: Optional[Callable[[int], None]] = None, length: Optional[int] = None,
-                emb_masks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                emb_masks: Optional[torch.Tensor] = None, compile: Union[bool, dict] = False,
+                stats: Optional[dict] = None) -> torch.Tensor:
     """Sample a whole image's tokens: cond_idx c2i class ids [B] (or t2i caption features [B, C, D]) ->
     tokens [B, L] int64, L = the model's block_size. emb_masks [B, C] (t2i): 1 = a real caption
     position; padded positions are attended by no image token (``Transformer.forward``).
@@ -63,7 +65,10 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     steps after cfg_interval use the conditional logits alone (LlamaGen's cfg_interval). The sampled
     token is fed to both halves. ``on_token(step)`` is called after each token (progress bars).
     ``length`` stops after the first ``length`` tokens (default: the whole image), the same tokens as the
-    full run's prefix."""
+    full run's prefix. ``compile``: True runs the per-token forwards through torch.compile (inductor;
+    CUDA graphs on a GPU), a dict passes those torch.compile options (``compiled.py``); the prefill stays
+    eager. ``stats``, a dict, receives compile_s (the first call of each new graph, compile included) and
+    compiled_graphs."""
     B = cond_idx.shape[0]
     L, C = check_length(length, model.config.block_size), model.config.cond_len
     guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
@@ -75,6 +80,10 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     cache_len = torch.zeros(rows, dtype=torch.int64, device=device)
     logits = model(None, cond, cache_len=cache_len, emb_masks=masks)[:, -1]  # [rows, V]: predicts image token 0
     prefix = model.cond_keys[:rows].clone()  # [rows] condition keys left in each row's cache
+    compiled = CompileStats() if compile else None
+    step_model = model
+    if compiled is not None:
+        step_model, _ = compiled_models(model, None, compile_options(compile, device), compiled)
     tokens = torch.empty(B, L, dtype=torch.int64, device=device)
     for step in range(L):
         lc, lu = (logits[:B], logits[B:]) if guided else (logits, None)
@@ -88,6 +97,8 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
         if step + 1 < L:
             feed = tokens[:, step : step + 1].repeat(rows // B, 1)  # [rows, 1], both CFG halves
             cache_len = prefix + step
-            logits = model(feed, cache_len=cache_len)[:, -1]
+            logits = step_model(feed, cache_len=cache_len)[:, -1]
     model.free_cache()
+    if stats is not None and compiled is not None:
+        stats.update(compile_s=compiled.compile_s, compiled_graphs=compiled.graphs)
     return tokens

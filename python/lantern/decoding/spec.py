@@ -27,6 +27,7 @@ import torch
 
 from .. import ops
 from .ar import check_length, condition_masks, sample_next
+from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
 from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans
 from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_shape, unguided_past_interval
@@ -55,6 +56,9 @@ class SpecConfig:
     acceptance_prior: float = 0.5  # per-level acceptance of a chain before the run's own data
     acceptance_memory: float = 0.98  # per step, the weight the acceptance data keeps (see AcceptanceModel)
     adapt_costs: bool = True  # correct the cost model by the run's step times (see Planner); False: reproducible
+    # True: target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), node counts
+    # padded to buckets (compiled.py); a dict: those torch.compile options
+    compile: CompileOption = False
 
     def draft_kind(self) -> str:
         if self.draft is not None:
@@ -84,6 +88,8 @@ class SpecStats:
     accept_lens: list = field(default_factory=list)  # per step: accept_len [B] of the active rows
     plan_counts: Dict[str, int] = field(default_factory=dict)  # steps per plan ("ar", "chain3", "tree16", ...)
     planner: dict = field(default_factory=dict)  # tree="auto": per plan expected vs achieved tokens/s, cost model
+    compile_s: float = 0.0  # compile=True: first calls of each new graph (compile included), part of wall_s
+    compiled_graphs: int = 0  # compile=True: graphs compiled in this run (0 when earlier runs compiled them)
 
     @property
     def tau(self) -> float:
@@ -126,7 +132,13 @@ class _Loop:
     """The decoding state of a batch (prefilled at construction) and its two kinds of step."""
 
     def __init__(self, target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
-                 plans: Sequence[Plan], catch_up: bool, emb_masks: Optional[torch.Tensor] = None):
+                 plans: Sequence[Plan], catch_up: bool, emb_masks: Optional[torch.Tensor] = None,
+                 compiled: Optional[CompileStats] = None):
+        """compiled: None (eager forwards), or the run's CompileStats with ``config.compile`` set: the
+        forwards are compiled, their node counts padded to buckets (``compiled.py``)."""
+        if compiled is not None:
+            options = compile_options(config.compile, target.tok_embeddings.weight.device)
+            target, drafter = compiled_models(target, drafter, options, compiled)
         self.target, self.drafter, self.neighbours, self.config, self.s, self.L = (
             target, drafter, neighbours, config, sampling, L)
         self.relaxed = config.method == "lantern"
@@ -138,8 +150,13 @@ class _Loop:
         self.halves = self.rows // B
         T_max = max(_tree_size(p) for p in plans)
         beams = max((p.depth * p.top_per_node for p in plans if p.kind == "dynamic"), default=0)
+        # AR steps leave up to L tokens for the drafter to catch up on, at most T_max from a tree step
+        room = T_max + (L if catch_up else 0)
+        # compiled: cache slots for the padding nodes (the target's trees; the drafter's expansions, catch-up)
+        target_pad = pad_room(T_max) if compiled is not None else 0
+        drafter_pad = bucket(max(T_max, beams, room + 1)) if compiled is not None else 0
         # prefill: the condition, then the first token exactly as AR does
-        target.setup_cache(self.rows, C + L + T_max)
+        target.setup_cache(self.rows, C + L + T_max + target_pad)
         logits, hidden = target(None, cond, cache_len=torch.zeros(self.rows, dtype=torch.int64), return_hidden=True,
                                 emb_masks=masks)
         lc, lu = (logits[:B, -1], logits[B:, -1]) if sampling.guided else (logits[:, -1], None)
@@ -149,9 +166,7 @@ class _Loop:
         self.out[:, 0] = first
         self.n_done = torch.ones(B, dtype=torch.int64)
         self.target_len = target.cond_keys[: self.rows].clone()  # C, or the real caption positions
-        # AR steps leave up to L tokens for the drafter to catch up on, at most T_max from a tree step
-        room = T_max + (L if catch_up else 0)
-        drafter.reset(cond, self.rows, L + max(T_max, beams) + (L if catch_up else 0), masks)
+        drafter.reset(cond, self.rows, L + max(T_max, beams) + (L if catch_up else 0) + drafter_pad, masks)
         # the drafter's input: the newly committed tokens [rows, P] and the target hidden state before each
         self.pending = torch.zeros(self.rows, room + 1, dtype=torch.int64)
         self.pending_feat = hidden.new_zeros(self.rows, room + 1, hidden.shape[-1])
@@ -330,12 +345,18 @@ def _record_step(stats: SpecStats, n_emit, accept_len, active, draft_forwards: i
     return tokens
 
 
+def _record_compile(stats: SpecStats, compiled: Optional[CompileStats]) -> None:
+    if compiled is not None:
+        stats.compile_s, stats.compiled_graphs = compiled.compile_s, compiled.graphs
+
+
 def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, emb_masks=None):
     t0 = time.perf_counter()
     stats = SpecStats()
     plan = config.fixed_plan()
+    compiled = CompileStats() if config.compile else None
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, [plan], catch_up=False,
-                 emb_masks=emb_masks)
+                 emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
     step = 0
     while bool((loop.n_done < L).any()):
@@ -347,6 +368,7 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
             on_step(n_emit)
     loop.close()
     stats.plan_counts = {plan.name: stats.steps}
+    _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
     return loop.out, stats
 
@@ -356,8 +378,9 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
     stats = SpecStats()
     acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory)
     planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs)
+    compiled = CompileStats() if config.compile else None
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True,
-                 emb_masks=emb_masks)
+                 emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
     max_depth = planner.max_depth
     step, decision, tokens = 0, None, 0
@@ -366,10 +389,13 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
         counts = loop.progress(max_depth)  # syncs: the step before is done
         now = time.perf_counter()
         if decision is not None:
-            planner.record(decision, tokens, now - t_step)
+            # compile=True: a step's first calls of new graphs (compile included) are left out of its time
+            compiling = compiled.compile_s - compile_before if compiled is not None else 0.0
+            planner.record(decision, tokens, max(now - t_step - compiling, 0.0))
         if counts[0] == 0:
             break
         t_step = now
+        compile_before = compiled.compile_s if compiled is not None else 0.0
         step += 1
         planner.forget()
         decision = planner.choose(loop.rows, counts[0], counts[1:])
@@ -389,6 +415,7 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
             on_step(n_emit)
     loop.close()
     stats.planner = dict(planner.summary(), cost_model={k: v for k, v in cost_model.meta.items() if k != "key"})
+    _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
     return loop.out, stats
 

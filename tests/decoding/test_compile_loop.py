@@ -1,0 +1,208 @@
+"""compile=True (python/lantern/decoding/compiled.py): the decoding loops with their forwards compiled give
+the eager loops' tokens (AR and speculative, greedy and sampled), node counts padded to buckets change no
+real node's result, and a run compiles at most one graph per bucket and forward kind (none on a rerun)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import lantern
+from lantern import ops
+from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
+from lantern.decoding.compiled import BUCKETS, CompiledTarget, bucket, pad_tree_mask
+from lantern.models import build_gpt
+from lantern.models.drafter import EagleDrafter
+from lantern.ops.reference.tree import ancestor_mask
+
+AOT = {"backend": "aot_eager"}  # the padding and wrapping, without inductor's compile time
+SPEC = dict(method="lantern", k=4, delta=0.2, depth=3, n_nodes=8, top_per_node=3)
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    if lantern.fused_ops("cpu").get("verify", False):
+        lantern.enable_fused("cpu")
+    yield
+    torch.set_num_threads(threads)
+    lantern.disable_fused()
+
+
+def small_models(seed: int = 0):
+    torch.manual_seed(seed)
+    target = build_gpt("GPT-tiny", n_layer=2, n_head=2, dim=64, vocab_size=64, num_classes=5, block_size=16)
+    drafter = EagleDrafter(target.config).bind(target)
+    for p in (*target.parameters(), *drafter.parameters()):
+        torch.nn.init.normal_(p, std=0.1)
+    return target.eval(), drafter.eval()
+
+
+def neighbours():
+    torch.manual_seed(1)
+    return ops.latent_neighbours(torch.randn(64, 4), 4)
+
+
+def unique_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def test_buckets():
+    assert [bucket(n) for n in (1, 2, 4, 5, 9, 17, 33, 59, 64, 65, 200)] == [1, 4, 4, 8, 16, 32, 64, 64, 64, 128,
+                                                                            256]
+
+
+@pytest.mark.parametrize("T, T_pad", [(5, 8), (30, 64), (40, 64), (33, 33)])
+def test_padded_tree_mask_is_the_mask_of_the_tree_with_padding_nodes(T, T_pad):
+    """Padding nodes (parent -1, SPEC §3) see themselves only; the real nodes' bits are unchanged."""
+    torch.manual_seed(T)
+    parents = torch.stack([torch.cat([torch.tensor([-1]), (torch.rand(T - 1) * torch.arange(1, T)).long()])
+                           for _ in range(3)])  # [3, T] topologically ordered trees
+    padded_parents = torch.cat([parents, torch.full((3, T_pad - T), -1)], 1)
+    assert torch.equal(pad_tree_mask(ancestor_mask(parents), T_pad), ancestor_mask(padded_parents))
+
+
+@torch.no_grad()
+def test_padded_tree_forward_gives_the_real_nodes_results():
+    """The compiled tree forward (eager backend: dynamo only) pads 5 nodes to 8: same logits and hidden
+    states as the unpadded eager forward, and the same cache for the real nodes."""
+    target, _ = small_models()
+    target.setup_cache(2, 40)
+    target(None, torch.tensor([1, 2]), cache_len=torch.zeros(2, dtype=torch.int64))
+    cache_len = torch.tensor([1, 3])
+    parents = torch.tensor([[-1, 0, 0, 1, 2], [-1, 0, 1, 2, 0]])
+    tokens = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
+    positions = torch.tensor([[0, 1, 1, 2, 2], [2, 3, 4, 5, 3]])
+    before = target.kv_cache.clone()
+    want = target(tokens, cache_len=cache_len, positions=positions, tree_mask=ancestor_mask(parents),
+                  return_hidden=True)
+    want_cache = target.kv_cache.clone()
+    target.kv_cache.copy_(before)
+    got = CompiledTarget(target, {"backend": "eager"})(tokens, cache_len=cache_len, positions=positions,
+                                                       tree_mask=ancestor_mask(parents), return_hidden=True)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    for row, start in enumerate(cache_len.tolist()):
+        real = slice(0, start + 5)
+        torch.testing.assert_close(target.kv_cache[:, :, row, :, real], want_cache[:, :, row, :, real])
+
+
+def spec_run(target, drafter, tree: str, temperature: float, compile, method: str = "lantern"):
+    config = SpecConfig(**dict(SPEC, method=method), tree=tree, compile=compile)
+    return generate_spec(target, drafter, torch.tensor([1, 3, 4]), neighbours(), config=config, cfg_scale=2.0,
+                         temperature=temperature, seed=3)
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic", "static"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@torch.no_grad()
+def test_compiled_speculative_loop_gives_the_eager_tokens(tree, temperature):
+    target, drafter = small_models()
+    want, _ = spec_run(target, drafter, tree, temperature, False)
+    before = unique_graphs()
+    got, stats = spec_run(target, drafter, tree, temperature, AOT)
+    assert torch.equal(got, want)
+    # one graph per (forward kind, bucket): the drafter's catch-up and expansions, the target's tree forward
+    # (none where an earlier test compiled the same shapes: the graphs are per shape, not per model)
+    assert stats.compiled_graphs == unique_graphs() - before <= 3 * len(BUCKETS)
+    assert (stats.compile_s > 0) == (stats.compiled_graphs > 0)
+    again, rerun = spec_run(target, drafter, tree, temperature, AOT)  # the graphs are reused
+    assert torch.equal(again, want) and rerun.compiled_graphs == 0 and unique_graphs() == before + stats.compiled_graphs
+
+
+@torch.no_grad()
+def test_compiled_auto_tree_loop_gives_the_eager_tokens_and_compiles_a_graph_per_bucket():
+    """tree="auto" with a fixed cost model (reproducible plans): AR steps and several tree sizes in one run."""
+    from lantern.decoding import CostModel, Plan
+
+    target, drafter = small_models()
+    plans = [Plan("ar", "ar"), Plan("chain2", "chain", depth=2), Plan("tree6", "dynamic", depth=2, n_nodes=5,
+                                                                       top_per_node=3)]
+    points = {"ar": {2: 1.0, 16: 1.0}, "chain2": {2: 1.1, 16: 1.1}, "tree6": {2: 1.2, 16: 1.2}}
+    cost = CostModel(points, {"source": "test"})
+    kw = dict(method="spec", tree="auto", cost_model=cost, plans=plans, adapt_costs=False, depth=2)
+    runs = []
+    for compile in (False, AOT):
+        before = unique_graphs()
+        tokens, stats = generate_spec(target, drafter, torch.tensor([0, 2]), config=SpecConfig(**kw, compile=compile),
+                                      cfg_scale=1.5, temperature=1.0, seed=5)
+        runs.append((tokens, stats, unique_graphs() - before))
+    (want, eager_stats, _), (got, stats, graphs) = runs
+    assert torch.equal(got, want) and stats.plan_counts == eager_stats.plan_counts
+    assert len(stats.plan_counts) >= 2, stats.plan_counts
+    assert stats.compiled_graphs == graphs <= 4 * len(BUCKETS)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@torch.no_grad()
+def test_compiled_ar_gives_the_eager_tokens(temperature):
+    target, _ = small_models()
+    kw = dict(cfg_scale=2.0, temperature=temperature, seed=2)
+    want = generate_ar(target, torch.tensor([0, 4]), **kw)
+    before, stats = unique_graphs(), {}
+    got = generate_ar(target, torch.tensor([0, 4]), compile=AOT, stats=stats, **kw)
+    assert torch.equal(got, want)
+    assert stats["compiled_graphs"] == unique_graphs() - before <= 1  # one token per step: one shape
+    assert torch.equal(generate(target, torch.tensor([0, 4]), method="ar", compile=AOT, **kw)[0], want)
+
+
+def test_compile_option_is_checked():
+    target, drafter = small_models()
+    with pytest.raises(TypeError, match="compile must be"):
+        generate_ar(target, torch.tensor([0]), compile="yes", length=2)
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_inductor_loops_give_the_eager_tokens():
+    """compile=True itself (inductor on the CPU): AR and speculative decoding, greedy and sampled."""
+    target, drafter = small_models()
+    for temperature in (0.0, 1.0):
+        kw = dict(cfg_scale=2.0, temperature=temperature, seed=2)
+        assert torch.equal(generate_ar(target, torch.tensor([0, 4]), compile=True, **kw),
+                           generate_ar(target, torch.tensor([0, 4]), **kw))
+        for method, tree in (("lantern", "dynamic"), ("spec", "chain")):
+            want, _ = spec_run(target, drafter, tree, temperature, False, method)
+            got, stats = spec_run(target, drafter, tree, temperature, True, method)
+            assert torch.equal(got, want), (method, tree, temperature)
+
+
+class _StubVQ:
+    """decode_codes / to_uint8 of a VQ, enough for the CLI to write its grid."""
+
+    def decode_codes(self, tokens, h, w):
+        return torch.zeros(tokens.shape[0], 3, 4 * h, 4 * w)
+
+    def to_uint8(self, images):
+        return images.permute(0, 2, 3, 1).to(torch.uint8)  # [B, H, W, 3]
+
+
+@pytest.mark.parametrize("method", ["ar", "lantern"])
+def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, method):
+    """lantern generate --compile on small random models (the loaders replaced), aot_eager instead of inductor
+    for speed: the JSON and the printout carry the one-off compile time and the graph count."""
+    import argparse
+    import json
+
+    from lantern import generate_cli
+    from lantern.decoding import ar, spec
+
+    target, drafter = small_models()
+    monkeypatch.setattr(generate_cli, "_load", lambda args: (target, _StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
+    monkeypatch.setattr(generate_cli, "_drafter_and_table", lambda args, gpt, vq: (drafter, neighbours()))
+    for module in (ar, spec):
+        monkeypatch.setattr(module, "compile_options", lambda compile, device: dict(AOT))
+    parser = argparse.ArgumentParser()
+    generate_cli.add_generate_parser(parser.add_subparsers(dest="command"))
+    js = tmp_path / "run.json"
+    args = parser.parse_args(["generate", "--model", "checkpoint", "--method", method, "--tree", "chain", "--depth",
+                              "3", "--k", "4", "--classes", "1", "2", "--per-class", "1", "--compile", "--no-progress",
+                              "--out", str(tmp_path / "g.png"), "--json", str(js)])
+    assert generate_cli.run_generate(args) == 0
+    figures = json.loads(js.read_text())
+    assert figures["compile"] is True and figures["compiled_graphs"] >= 0 and figures["compile_s"] >= 0
+    if method != "ar":
+        assert "ar_compile_s" in figures
+    assert "compiled:" in capsys.readouterr().out
