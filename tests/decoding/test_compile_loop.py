@@ -206,3 +206,20 @@ def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, met
     if method != "ar":
         assert "ar_compile_s" in figures
     assert "compiled:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+@torch.no_grad()
+def test_compiled_loop_with_a_gpt_drafter_gives_the_eager_tokens(tree):
+    """A GPTDrafter's forwards run as the target's do (padded tree forwards; the catch-up as a causal tree)."""
+    from lantern.models.drafter import GPTDrafter
+
+    target, _ = small_models()
+    torch.manual_seed(4)
+    small = build_gpt("GPT-tiny", n_layer=1, n_head=2, dim=32, vocab_size=64, num_classes=5, block_size=16).eval()
+    for p in small.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    drafter = GPTDrafter(small)
+    want, _ = spec_run(target, drafter, tree, 1.0, False, "spec")
+    got, stats = spec_run(target, drafter, tree, 1.0, AOT, "spec")
+    assert torch.equal(got, want)
