@@ -93,6 +93,16 @@ def values(value) -> torch.Tensor:
         float(value), dtype=torch.float64)
 
 
+def tensor_fingerprint(t: torch.Tensor):
+    """What identifies a tensor's current contents for a skipped re-scan (storage, layout, version counter);
+    None for inference tensors, which have no version counter (they are always scanned)."""
+    try:
+        version = t._version
+    except RuntimeError:
+        return None
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, version)
+
+
 class RecentlyValid:
     """The inputs of the last few calls whose value scans passed, so that the same tensors passed again
     unchanged (every layer of a forward passes tree_attention the same cache_len and tree_mask) are not
@@ -106,13 +116,7 @@ class RecentlyValid:
         self.capacity = capacity
         self.entries: list = []  # [(weakrefs, params, fingerprints)], newest last
 
-    @staticmethod
-    def fingerprint(t: torch.Tensor):
-        try:
-            version = t._version
-        except RuntimeError:  # inference tensors have no version counter
-            return None
-        return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, version)
+    fingerprint = staticmethod(tensor_fingerprint)
 
     def known(self, tensors: tuple, params: tuple) -> bool:
         for refs, entry_params, fingerprints in reversed(self.entries):

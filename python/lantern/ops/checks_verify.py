@@ -24,13 +24,7 @@ class ValidatedTables:
         self.capacity = capacity
         self.entries: "dict[int, tuple]" = {}  # id(tensor) -> (weakref, fingerprint, k checked)
 
-    @staticmethod
-    def fingerprint(t: torch.Tensor):
-        try:
-            version = t._version
-        except RuntimeError:  # inference tensors have no version counter
-            return None
-        return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, version)
+    fingerprint = staticmethod(c.tensor_fingerprint)
 
     def known_valid(self, t: torch.Tensor, k: int) -> bool:
         entry = self.entries.get(id(t))
