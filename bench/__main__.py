@@ -7,7 +7,7 @@ import os
 import torch
 
 from .common import Report
-from . import bench_checks, bench_decode, bench_neighbours, bench_tree_attention, bench_verify
+from . import bench_checks, bench_decode, bench_model_costs, bench_neighbours, bench_tree_attention, bench_verify
 
 
 def main() -> None:
@@ -22,6 +22,7 @@ def main() -> None:
     bench_neighbours.run(report, quick=args.quick)
     bench_tree_attention.run(report, quick=args.quick)
     bench_checks.run(report, quick=args.quick)
+    bench_model_costs.run(report, quick=args.quick)
     bench_decode.run(report, quick=args.quick)
     report.write(args.json)
 
