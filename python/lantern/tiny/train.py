@@ -301,6 +301,29 @@ def train_classifier(plan: Plan, images: torch.Tensor, labels: torch.Tensor, val
 # ---------------------------------------------------------------------------------------------------
 
 
+def override_plan(plan, items):
+    """A plan dataclass with ``--set FIELD=VALUE`` items applied (bool, int, float, comma-separated float
+    tuples, else the string); an unknown field stops with its name."""
+    types = {f.name: f.type for f in fields(plan)}
+    for item in items:
+        key, value = item.split("=", 1)
+        if key not in types:
+            raise SystemExit(f"--set: unknown plan field {key!r}")
+        typ = types[key]
+        if typ in (bool, "bool"):
+            v = value.lower() in ("1", "true", "yes")
+        elif typ in (int, "int"):
+            v = int(value)
+        elif typ in (float, "float"):
+            v = float(value)
+        elif typ in (tuple, "tuple"):
+            v = tuple(float(x) for x in value.split(","))
+        else:
+            v = value
+        plan = replace(plan, **{key: v})
+    return plan
+
+
 def main(argv=None) -> int:
     from ..pretrained import TINY_DIR
 
@@ -317,12 +340,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    plan = Plan()
-    for item in args.set:
-        k, v = item.split("=", 1)
-        typ = {f.name: f.type for f in fields(Plan)}[k]
-        plan = replace(plan, **{k: (v.lower() in ("1", "true", "yes")) if typ in (bool, "bool") else
-                                 (int(v) if typ in (int, "int") else float(v) if typ in (float, "float") else v)})
+    plan = override_plan(Plan(), args.set)
     if args.minutes_budget != DEFAULT_BUDGET_MINUTES:
         plan = plan.scaled(args.minutes_budget / DEFAULT_BUDGET_MINUTES)
     stages = set(s.strip() for s in args.stages.split(",") if s.strip())

@@ -30,7 +30,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..tiny.data import CLASS_NAMES, DEFAULT_SEED, make_dataset
+from ..tiny.train import override_plan
 
 DEFAULT_BUDGET_MINUTES = 80.0  # the default plan's estimate (module docstring)
 FIXED_MINUTES = 18.0  # data, posteriors and evaluation: not scaled by --minutes-budget
@@ -255,27 +256,6 @@ def evaluate_all(plan: Plan, mar, drafter, vae, tiny_dir: Path, log=print) -> di
 # ---------------------------------------------------------------------------------------------------
 
 
-def _parse_set(plan: Plan, items) -> Plan:
-    types = {f.name: f.type for f in fields(Plan)}
-    for item in items:
-        key, value = item.split("=", 1)
-        if key not in types:
-            raise SystemExit(f"--set: unknown plan field {key!r}")
-        typ = types[key]
-        if typ in (bool, "bool"):
-            v = value.lower() in ("1", "true", "yes")
-        elif typ in (int, "int"):
-            v = int(value)
-        elif typ in (float, "float"):
-            v = float(value)
-        elif typ in (tuple, "tuple"):
-            v = tuple(float(x) for x in value.split(","))
-        else:
-            v = value
-        plan = replace(plan, **{key: v})
-    return plan
-
-
 def main(argv=None) -> int:
     from . import META_FILE, TINY_MAR_DIR
 
@@ -295,7 +275,7 @@ def main(argv=None) -> int:
     from .. import enable_fused
 
     enable_fused("auto")  # the noise stream's fused Philox when lantern._C is built (same numbers, faster)
-    plan = _parse_set(Plan(), args.set)
+    plan = override_plan(Plan(), args.set)
     if args.minutes_budget != DEFAULT_BUDGET_MINUTES:
         plan = plan.scaled(max(args.minutes_budget - FIXED_MINUTES, 1.0) / (DEFAULT_BUDGET_MINUTES - FIXED_MINUTES))
     from ..pretrained import TINY_DIR
