@@ -78,6 +78,9 @@ GPT_CONFIGS: Dict[str, GPTConfig] = {
     "GPT-3B": GPTConfig(n_layer=24, n_head=32, dim=3200),
     # The project's own small default model: 8x8 = 64 image tokens of a 1024-code VQ-tiny, 10 classes.
     "GPT-tiny": GPTConfig(n_layer=4, n_head=4, dim=256, vocab_size=1024, num_classes=10, block_size=64),
+    # The shipped default: GPT-tiny grown to 16 layers (docs/tiny_model.md), so that a one-layer EAGLE drafter
+    # costs about a tenth of a target forward, as in LlamaGen's regime.
+    "GPT-tiny-deep": GPTConfig(n_layer=16, n_head=4, dim=256, vocab_size=1024, num_classes=10, block_size=64),
 }
 
 

@@ -9,7 +9,7 @@ encoder outputs), (b) tokenise the dataset, (c) the GPT-tiny class-conditional m
 (the quality metric) on real images, (e) a final evaluation: AR samples with the recommended sampling
 settings, classified and compared to the dataset by Frechet distance.
 
-Writes to DIR (default python/lantern/weights/tiny): vq.safetensors, gpt.safetensors (float32),
+Writes to DIR (default python/lantern/weights/tiny): vq.safetensors, gpt.safetensors (bfloat16, loaded as float32),
 classifier.safetensors, fd_reference.safetensors (the dataset's feature statistics) and tiny.json (configs,
 dataset seed, training plan, timings, figures, sampling defaults). Load them with
 ``lantern.pretrained.load_tiny()`` or ``lantern.models.load_gpt / load_vq`` and
@@ -46,7 +46,8 @@ class Plan:
     data_seed: int = DEFAULT_SEED
     n_images: int = 30000  # training images (VQ, GPT tokens, classifier)
     n_val: int = 1000  # held-out images (seed data_seed + 100) for reconstruction / loss figures
-    autocast_bf16: bool = True  # bf16 autocast for the VQ and GPT trainings (CPU matmuls ~2x faster)
+    autocast_bf16: bool = False  # bf16 autocast for the VQ and GPT trainings (much slower than float32 on
+    # CPUs without bf16 units: docs/tiny_model.md)
     # (a) VQ
     vq_steps: int = 800
     vq_batch: int = 32
@@ -55,7 +56,10 @@ class Plan:
     vq_l1: float = 1.0  # reconstruction = mse + vq_l1 * l1
     vq_reinit_every: int = 20  # dead-code re-init period (steps), for the first 85% of training
     vq_dead_threshold: float = 0.05  # EMA assignments per step below which a code is dead
-    # (c) GPT
+    # (c) GPT: gpt_steps at gpt_base_layers, then grown to the config's depth (grow_depth) and trained on for
+    # gpt_grow_steps
+    gpt_name: str = "GPT-tiny-deep"
+    gpt_base_layers: int = 4
     gpt_steps: int = 1600
     gpt_batch: int = 32
     gpt_lr: float = 2e-3
@@ -63,6 +67,9 @@ class Plan:
     gpt_warmup: int = 80
     gpt_weight_decay: float = 0.05
     gpt_class_dropout: float = 0.1
+    gpt_grow_steps: int = 500
+    gpt_grow_lr: float = 6e-4
+    gpt_grow_warmup: int = 40
     # (d) classifier
     clf_steps: int = 300
     clf_batch: int = 128
@@ -77,7 +84,9 @@ class Plan:
         """Step counts times factor (the --minutes-budget knob)."""
         s = lambda n: max(1, int(round(n * factor)))
         return replace(self, vq_steps=s(self.vq_steps), gpt_steps=s(self.gpt_steps), clf_steps=s(self.clf_steps),
-                       gpt_warmup=min(self.gpt_warmup, max(1, s(self.gpt_steps) // 10)))
+                       gpt_warmup=min(self.gpt_warmup, max(1, s(self.gpt_steps) // 10)),
+                       gpt_grow_steps=s(self.gpt_grow_steps),
+                       gpt_grow_warmup=min(self.gpt_grow_warmup, max(1, s(self.gpt_grow_steps) // 10)))
 
 
 def _cosine(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -213,22 +222,44 @@ def _usage_figures(tokens: torch.Tensor, V: int) -> dict:
 # (c) GPT
 
 
-def train_gpt(plan: Plan, tokens: torch.Tensor, labels: torch.Tensor, val_tokens: torch.Tensor,
-              val_labels: torch.Tensor, log=print):
-    from ..models import build_gpt
+def grow_depth(gpt, n_layer: int):
+    """GPT [L layers] -> a new GPT with n_layer = k * L layers computing the same function (LLaMA Pro's block
+    expansion, Wu et al. 2024): original layer i becomes layer i * k, followed by k - 1 copies of it whose
+    output projections (attention ``wo``, feed-forward ``w2``) are zero, so each copy adds nothing to the
+    residual stream until training moves them."""
+    from ..models.gpt import Transformer
 
-    torch.manual_seed(plan.seed + 2)
-    gpt = build_gpt("GPT-tiny", class_dropout_prob=plan.gpt_class_dropout)
-    gpt.train()
+    base = gpt.config.n_layer
+    if n_layer < base or n_layer % base:
+        raise ValueError(f"n_layer must be a multiple of the model's {base} layers, got {n_layer}")
+    per = n_layer // base
+    deep = Transformer(replace(gpt.config, n_layer=n_layer))
+    state = {}
+    for key, value in gpt.state_dict().items():
+        if not key.startswith("layers."):
+            state[key] = value.clone()
+            continue
+        _, i, rest = key.split(".", 2)
+        for j in range(per):
+            w = value.clone()
+            if j > 0 and rest in ("attention.wo.weight", "feed_forward.w2.weight"):
+                w.zero_()
+            state[f"layers.{int(i) * per + j}.{rest}"] = w
+    deep.load_state_dict(state, strict=True)
+    return deep.train(gpt.training)
+
+
+def _train_steps(gpt, plan: Plan, tokens, labels, gen, steps: int, peak_lr: float, warmup: int, desc: str):
+    """AdamW (weight decay on matrices only), warm-up + cosine, gradient clipping at 1 -> smoothed train loss."""
     decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": plan.gpt_weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=plan.gpt_lr, betas=(0.9, 0.95))
-    gen = torch.Generator().manual_seed(plan.seed + 3)
-    bar = tqdm(range(plan.gpt_steps), desc="(c) GPT", mininterval=5.0)
+                             {"params": no_decay, "weight_decay": 0.0}], lr=peak_lr, betas=(0.9, 0.95))
+    gpt.train()
+    bar = tqdm(range(steps), desc=desc, mininterval=5.0)
     smooth = None
     for step in bar:
-        lr = plan.gpt_lr * _cosine(step, plan.gpt_steps, plan.gpt_warmup, plan.gpt_min_lr_ratio)
+        lr = peak_lr * _cosine(step, steps, warmup, plan.gpt_min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
         idx = torch.randint(0, tokens.shape[0], (plan.gpt_batch,), generator=gen)
@@ -239,17 +270,50 @@ def train_gpt(plan: Plan, tokens: torch.Tensor, labels: torch.Tensor, val_tokens
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
         opt.step()
         smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
-        if step % 20 == 0 or step == plan.gpt_steps - 1:
+        if step % 20 == 0 or step == steps - 1:
             bar.set_postfix(loss=f"{smooth:.3f}", lr=f"{lr:.1e}")
     bar.close()
     gpt.eval()
-    with torch.no_grad():
-        val = [gpt.loss(val_tokens[i : i + 250], val_labels[i : i + 250]).item() for i in range(0, len(val_tokens), 250)]
-        drop = torch.ones(len(val_labels), dtype=torch.bool)
-        logits = gpt.forward_full(val_tokens[:, :-1], val_labels, force_drop_ids=drop)
-        val_uncond = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), val_tokens.reshape(-1)).item()
-    figures = dict(train_loss_smoothed=smooth, val_loss=sum(val) / len(val), val_loss_unconditional=val_uncond)
-    log(f"    GPT held-out loss {figures['val_loss']:.3f} nats/token (unconditional {val_uncond:.3f}); "
+    return smooth
+
+
+@torch.no_grad()
+def _held_out_loss(gpt, val_tokens, val_labels) -> tuple:
+    """-> (conditional, unconditional) mean held-out cross-entropy in nats/token."""
+    val = [gpt.loss(val_tokens[i : i + 250], val_labels[i : i + 250]).item() for i in range(0, len(val_tokens), 250)]
+    drop = torch.ones(len(val_labels), dtype=torch.bool)
+    logits = gpt.forward_full(val_tokens[:, :-1], val_labels, force_drop_ids=drop)
+    uncond = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), val_tokens.reshape(-1)).item()
+    return sum(val) / len(val), uncond
+
+
+def train_gpt(plan: Plan, tokens: torch.Tensor, labels: torch.Tensor, val_tokens: torch.Tensor,
+              val_labels: torch.Tensor, log=print):
+    """plan.gpt_name's shape: trained at plan.gpt_base_layers layers for plan.gpt_steps, then grown to the
+    config's depth and trained on for plan.gpt_grow_steps (training the deep model from scratch in the same
+    time reached a far worse loss: docs/tiny_model.md)."""
+    from ..models import GPT_CONFIGS, build_gpt
+
+    n_layer = GPT_CONFIGS[plan.gpt_name].n_layer
+    torch.manual_seed(plan.seed + 2)
+    gpt = build_gpt(plan.gpt_name, class_dropout_prob=plan.gpt_class_dropout, n_layer=plan.gpt_base_layers)
+    gen = torch.Generator().manual_seed(plan.seed + 3)
+    smooth = _train_steps(gpt, plan, tokens, labels, gen, plan.gpt_steps, plan.gpt_lr, plan.gpt_warmup,
+                          f"(c) GPT {plan.gpt_base_layers} layers")
+    figures = dict(train_loss_smoothed=smooth)
+    if n_layer != plan.gpt_base_layers:
+        base_val, base_uncond = _held_out_loss(gpt, val_tokens, val_labels)
+        figures.update(base_layers=plan.gpt_base_layers, base_train_loss_smoothed=smooth, base_val_loss=base_val,
+                       base_val_loss_unconditional=base_uncond)
+        log(f"    GPT at {plan.gpt_base_layers} layers: held-out loss {base_val:.3f} nats/token "
+            f"(unconditional {base_uncond:.3f}); growing to {n_layer} layers")
+        gpt = grow_depth(gpt, n_layer)
+        smooth = _train_steps(gpt, plan, tokens, labels, gen, plan.gpt_grow_steps, plan.gpt_grow_lr,
+                              plan.gpt_grow_warmup, f"(c) GPT {n_layer} layers")
+        figures["train_loss_smoothed"] = smooth
+    val, val_uncond = _held_out_loss(gpt, val_tokens, val_labels)
+    figures.update(val_loss=val, val_loss_unconditional=val_uncond)
+    log(f"    GPT held-out loss {val:.3f} nats/token (unconditional {val_uncond:.3f}); "
         f"train (smoothed) {smooth:.3f}")
     return gpt, figures
 
@@ -389,11 +453,15 @@ def main(argv=None) -> int:
     if "gpt" in stages:
         t0 = time.perf_counter()
         gpt, figures["gpt"] = train_gpt(plan, tokens, labels, val_tokens, val_labels)
-        _save(gpt.state_dict(), out / "gpt.safetensors")
+        # bf16 on disk (half the size); everything after this point, the evaluation included, uses the
+        # shipped bf16-rounded weights computed in float32
+        _save(gpt.state_dict(), out / "gpt.safetensors", torch.bfloat16)
+        gpt = load_gpt(str(out / "gpt.safetensors"), plan.gpt_name, dtype=torch.float32)
         timings["gpt"] = time.perf_counter() - t0
         print(f"[c] GPT trained in {timings['gpt'] / 60:.1f} min")
     else:
-        gpt = load_gpt(str(out / "gpt.safetensors"), "GPT-tiny") if (out / "gpt.safetensors").exists() else None
+        gpt_name = meta.get("gpt_name", plan.gpt_name)
+        gpt = load_gpt(str(out / "gpt.safetensors"), gpt_name) if (out / "gpt.safetensors").exists() else None
 
     if "classifier" in stages:
         t0 = time.perf_counter()
@@ -406,8 +474,8 @@ def main(argv=None) -> int:
         print(f"[d] classifier trained in {timings['classifier'] / 60:.1f} min")
 
     meta.update(
-        gpt_name="GPT-tiny", vq_name="VQ-tiny", gpt_dtype="float32", class_names=list(CLASS_NAMES),
-        configs=dict(gpt=asdict(gpt.config if gpt is not None else GPT_CONFIGS["GPT-tiny"]), vq={**asdict(vq.config), "ch_mult": list(vq.config.ch_mult)}),
+        gpt_name=plan.gpt_name if "gpt" in stages else meta.get("gpt_name", plan.gpt_name), vq_name="VQ-tiny", gpt_dtype="bfloat16", class_names=list(CLASS_NAMES),
+        configs=dict(gpt=asdict(gpt.config if gpt is not None else GPT_CONFIGS[plan.gpt_name]), vq={**asdict(vq.config), "ch_mult": list(vq.config.ch_mult)}),
         dataset=dict(module="lantern.tiny.data", seed=plan.data_seed, n_images=plan.n_images,
                      val_seed=plan.data_seed + 100, n_val=plan.n_val),
         plan=asdict(plan),
