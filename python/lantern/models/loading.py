@@ -1,10 +1,10 @@
 """Load official LlamaGen checkpoints (GPT and VQ) into our model classes, strictly.
 
 Files: .pt/.pth/.bin via ``torch.load(weights_only=True)`` (no arbitrary pickles), .safetensors via
-safetensors. Wrappers "model" / "module" / "state_dict" are unwrapped (repeatedly); a "module." or
-"_orig_mod." prefix on every key (DDP, torch.compile) is stripped; ``freqs_cis`` and KV-cache buffers
-are dropped. Then every remaining key must match the model's names and shapes exactly, or a ValueError
-lists the missing, unexpected and misshapen keys.
+safetensors. Wrappers "model" / "module" / "state_dict" are unwrapped (repeatedly, at most 16 levels; a
+wrapper that contains itself raises ValueError); a "module." or "_orig_mod." prefix on every key (DDP,
+torch.compile) is stripped; ``freqs_cis`` and KV-cache buffers are dropped. Then every remaining key must
+match the model's names and shapes exactly, or a ValueError lists the missing, unexpected and misshapen keys.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .vq import VQModel, build_vq
 StateDict = Dict[str, torch.Tensor]
 
 _WRAPPERS = ("model", "module", "state_dict")
+_MAX_WRAPPERS = 16  # wrapper levels followed at most (real checkpoints have one or two)
 _DROPPED = re.compile(r"(^|\.)(freqs_cis|causal_mask|kv_cache|k_cache|v_cache)(\.|$)")
 _DECODER_PREFIXES = ("decoder.", "post_quant_conv.", "quantize.")
 
@@ -42,11 +43,7 @@ def read_state_dict(path_or_state_dict: Union[str, os.PathLike, Mapping]) -> Sta
                 raise ValueError(f"{path}: torch.load(weights_only=True) refused this file (it holds objects "
                                  f"other than tensors and plain containers); re-save just the state dict. "
                                  f"Detail: {e}") from e
-    while isinstance(obj, Mapping):
-        wrapper = next((w for w in _WRAPPERS if isinstance(obj.get(w), Mapping)), None)
-        if wrapper is None:
-            break
-        obj = obj[wrapper]
+    obj = _unwrap(obj)
     if not isinstance(obj, Mapping):
         raise ValueError(f"checkpoint is not a state dict (got {type(obj).__name__})")
     state = dict(obj)
@@ -57,6 +54,25 @@ def read_state_dict(path_or_state_dict: Union[str, os.PathLike, Mapping]) -> Sta
         if state and all(k.startswith(prefix) for k in state):
             state = {k[len(prefix):]: v for k, v in state.items()}
     return {k: v for k, v in state.items() if not _DROPPED.search(k)}
+
+
+def _unwrap(obj):
+    """Follow the "model" / "module" / "state_dict" wrappers, at most _MAX_WRAPPERS deep. A wrapper that
+    contains itself (a cycle, possible in a pickle) or a deeper chain raises ValueError instead of looping."""
+    seen = set()
+    while isinstance(obj, Mapping):
+        wrapper = next((w for w in _WRAPPERS if isinstance(obj.get(w), Mapping)), None)
+        if wrapper is None:
+            return obj
+        if id(obj) in seen:
+            raise ValueError(f"checkpoint wrappers form a cycle (a {wrapper!r} entry contains itself); "
+                             f"not a state dict")
+        if len(seen) >= _MAX_WRAPPERS:
+            raise ValueError(f"checkpoint wrappers nest more than {_MAX_WRAPPERS} deep "
+                             f"({'/'.join(_WRAPPERS)}); not a state dict")
+        seen.add(id(obj))
+        obj = obj[wrapper]
+    return obj
 
 
 def check_state_dict(model: torch.nn.Module, state: StateDict, what: str = "model") -> None:
