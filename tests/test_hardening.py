@@ -178,3 +178,25 @@ def test_7_concurrent_writers_and_readers(tmp_path):
         w.join()
     assert errors == []
     assert [p.name for p in tmp_path.iterdir()] == [_cache_file(tmp_path, codebook, 8).name]  # no temporaries left
+
+
+# -- 9: verify on an empty batch ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_9_reference_verify_of_no_rows_matches_cpu(T):
+    import lantern
+    from lantern import ops
+
+    V = 8
+    logits, tokens = torch.randn(0, T, V), torch.zeros(0, T, dtype=torch.int64)
+    parents = torch.arange(-1, T - 1).expand(0, T)
+    with lantern.fused("reference"):
+        got = ops.verify(logits, tokens, parents, temperature=1.0)
+        greedy = ops.verify(logits, tokens, parents, temperature=0.0)
+    with lantern.fused("cpu"):
+        want = ops.verify(logits, tokens, parents, temperature=1.0)
+    assert isinstance(got, ops.VerifyResult) and isinstance(greedy, ops.VerifyResult)
+    for result in (got, greedy):
+        for name, a, b in zip(want._fields, result, want):
+            assert a.shape == b.shape and a.dtype == b.dtype and a.device == b.device, name
+    assert [tuple(a.shape) for a in want] == [(0,), (0, T - 1), (0,), (0, T)]

@@ -178,6 +178,13 @@ def _greedy_walk(logits_guided, probs, tokens, parents, neighbours, k, delta, la
     return VerifyResult(accept_len, path, next_token, status)
 
 
+def _empty_result(T: int, device) -> VerifyResult:
+    """The result of a batch of no rows (B = 0): every field empty, with the usual dtypes and trailing sizes."""
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    return VerifyResult(empty, torch.empty(0, T - 1, dtype=torch.int64, device=device), empty.clone(),
+                        torch.empty(0, T, dtype=torch.int8, device=device))
+
+
 @_backend.register("reference", "verify")
 def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
            top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam: Optional[float] = None,
@@ -188,6 +195,8 @@ def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_
     if unknown:
         raise ValueError(f"faults must be names from {FAULTS}, got {sorted(unknown)}")
     seed, offset = _int(seed), _int(offset)
+    if tokens.shape[0] == 0:
+        return _empty_result(tokens.shape[1], tokens.device)
     probs = process_logits(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)  # [B, T, V]
     greedy = row_setting(temperature, logits[:, 0, 0], compute_dtype(logits)).expand(logits.shape[0]) == 0
     result = None
