@@ -28,6 +28,19 @@ class DemoConfig:
     draft_noise: float = 1.5
     seed: int = 0
 
+    def __post_init__(self):
+        """ValueError naming the option (and its ``lantern demo`` flag) for a setting the demo cannot run."""
+        for name, flag, low in (("vocab", "--vocab", 2), ("dim", None, 1), ("rows", "--rows", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                where = f" ({flag})" if flag else ""
+                raise ValueError(f"{name}{where} must be an int >= {low}, got {value!r}")
+        k = self.neighbours
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.vocab:
+            raise ValueError(f"neighbours (--k) must be an int in [0, vocab - 1 = {self.vocab - 1}], got {k!r}")
+        if not self.branching or not all(isinstance(w, int) and w >= 1 for w in self.branching):
+            raise ValueError(f"branching must be a non-empty sequence of ints >= 1, got {self.branching!r}")
+
 
 def tree_parents(branching) -> List[int]:
     """parents of a full tree with the given children per node at each depth, in BFS order."""

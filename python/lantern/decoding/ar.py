@@ -42,6 +42,27 @@ def condition_masks(model, cond_idx: torch.Tensor, emb_masks: Optional[torch.Ten
     return torch.cat([masks, masks]) if guided else masks
 
 
+def check_condition(model, cond_idx) -> None:
+    """cond_idx must be a non-empty batch; for a c2i model, integer class ids [B] in [0, num_classes)
+    (num_classes itself is the null class that guidance uses, never a class to sample)."""
+    if not isinstance(cond_idx, torch.Tensor):
+        raise ValueError(f"cond_idx must be a tensor, got {type(cond_idx).__name__}")
+    if cond_idx.dim() == 0 or cond_idx.shape[0] == 0:
+        raise ValueError(f"cond_idx must hold at least one row (an empty batch), got shape {list(cond_idx.shape)}")
+    if model.config.model_type != "c2i":
+        return
+    if cond_idx.dim() != 1 or cond_idx.dtype.is_floating_point or cond_idx.dtype.is_complex \
+            or cond_idx.dtype == torch.bool:
+        raise ValueError(f"cond_idx must be integer class ids [B] for a c2i model, got {cond_idx.dtype} "
+                         f"{list(cond_idx.shape)}")
+    n = model.config.num_classes
+    outside = (cond_idx < 0) | (cond_idx >= n)
+    if bool(outside.any()):
+        bad = cond_idx[outside].unique()[:10].tolist()
+        raise ValueError(f"cond_idx: class ids must be in [0, {n}) (the model's num_classes = {n}; id {n} is "
+                         f"the null class of guidance), got {bad}")
+
+
 def check_length(length: Optional[int], block_size: int) -> int:
     """The number of tokens to generate: ``length``, or the whole image (block_size) when None."""
     if length is None:
@@ -57,9 +78,10 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
                 on_token: Optional[Callable[[int], None]] = None, length: Optional[int] = None,
                 emb_masks: Optional[torch.Tensor] = None, compile: Union[bool, dict] = False,
                 stats: Optional[dict] = None) -> torch.Tensor:
-    """Sample a whole image's tokens: cond_idx c2i class ids [B] (or t2i caption features [B, C, D]) ->
-    tokens [B, L] int64, L = the model's block_size. emb_masks [B, C] (t2i): 1 = a real caption
-    position; padded positions are attended by no image token (``Transformer.forward``).
+    """Sample a whole image's tokens: cond_idx c2i class ids [B] in [0, num_classes) (or t2i caption
+    features [B, C, D]; B >= 1, else ValueError) -> tokens [B, L] int64, L = the model's block_size.
+    emb_masks [B, C] (t2i): 1 = a real caption position; padded positions are attended by no image token
+    (``Transformer.forward``).
 
     Guidance (cfg_scale != 1) doubles the batch as [cond; uncond] like LlamaGen; with cfg_interval >= 0,
     steps after cfg_interval use the conditional logits alone (LlamaGen's cfg_interval). The sampled
@@ -69,6 +91,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     CUDA graphs on a GPU), a dict passes those torch.compile options (``compiled.py``); the prefill stays
     eager. ``stats``, a dict, receives compile_s (the first call of each new graph, compile included) and
     compiled_graphs."""
+    check_condition(model, cond_idx)
     B = cond_idx.shape[0]
     L, C = check_length(length, model.config.block_size), model.config.cond_len
     guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)

@@ -166,6 +166,16 @@ def predict_positions(model, z: torch.Tensor, z_uncond: Optional[torch.Tensor], 
     return (b, p), out
 
 
+def _check_labels(labels: torch.Tensor, class_num: int) -> None:
+    """labels must be integer class ids [B] in [0, class_num)."""
+    if labels.dim() != 1 or labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class ids [B], got {labels.dtype} {list(labels.shape)}")
+    outside = (labels < 0) | (labels >= class_num)
+    if bool(outside.any()):
+        raise ValueError(f"labels: class ids must be in [0, {class_num}) (the model's class_num), got "
+                         f"{labels[outside].unique()[:10].tolist()}")
+
+
 @torch.no_grad()
 def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg: float = 1.0,
                cfg_schedule: str = "linear", temperature: float = 1.0, seed: int = 0,
@@ -183,6 +193,8 @@ def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg
     B = labels.shape[0] if labels is not None else batch
     if B is None or B < 1:
         raise ValueError("sample_mar needs labels [B] or batch >= 1")
+    if labels is not None:
+        _check_labels(labels, cfg_.class_num)
     if num_iter < 1:
         raise ValueError(f"num_iter must be >= 1, got {num_iter}")
     if temperature <= 0:

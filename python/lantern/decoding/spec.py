@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .ar import check_length, condition_masks, sample_next
+from .ar import check_condition, check_length, condition_masks, sample_next
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
 from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans
@@ -310,7 +310,8 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     ``config.cost_model``, the device's cost model is calibrated first (a few seconds, then cached)."""
     device = target.tok_embeddings.weight.device
     L = check_length(length, target.config.block_size)
-    _check_config(config, neighbours)
+    check_condition(target, cond_idx)
+    check_config(config, neighbours, target.config.vocab_size)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     condition_masks(target, cond_idx, emb_masks, sampling.guided)  # bad masks fail before any calibration
     # the loop creates its bookkeeping tensors on the default device; a torch.device context would make it
@@ -325,11 +326,38 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
                               emb_masks)
 
 
-def _check_config(config: SpecConfig, neighbours) -> None:
+DRAFTS = (None, "deterministic", "sampled")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_config(config: SpecConfig, neighbours, vocab: int) -> None:
+    """ValueError naming the option for a config the loop cannot run as asked (vocab: the target's V)."""
     if config.method not in ("spec", "lantern"):
         raise ValueError(f"method must be 'spec' or 'lantern', got {config.method!r}")
     if config.tree not in TREES:
         raise ValueError(f"tree must be one of {TREES}, got {config.tree!r}")
+    if config.draft not in DRAFTS:
+        raise ValueError(f"draft must be one of {DRAFTS}, got {config.draft!r}")
+    if config.draft == "sampled" and config.tree == "dynamic":
+        raise ValueError("draft='sampled' does not apply to tree='dynamic' (EAGLE-2 trees take each node's top "
+                         "tokens: deterministic drafts); use tree='chain' or 'static' for sampled drafts")
+    if not _is_int(config.depth) or config.depth < 1:
+        raise ValueError(f"depth must be an int >= 1 (draft levels below the root), got {config.depth!r}")
+    if not _is_int(config.n_nodes) or config.n_nodes < 1:
+        raise ValueError(f"n_nodes must be an int >= 1 (drafted nodes kept per step; for no drafts use "
+                         f"method='ar'), got {config.n_nodes!r}")
+    top_max = vocab if config.tree == "dynamic" else None  # other trees do not use it
+    if not _is_int(config.top_per_node) or config.top_per_node < 1 or (top_max and config.top_per_node > top_max):
+        raise ValueError(f"top_per_node must be an int in [1, {top_max or 'V'}] (children per expanded node; "
+                         f"V = {vocab}), got {config.top_per_node!r}")
+    widths = config.static_widths
+    if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence) or not widths or \
+            not all(_is_int(w) and w >= 1 for w in widths):
+        raise ValueError(f"static_widths must be a non-empty sequence of ints >= 1 (children of a depth's first "
+                         f"node), got {widths!r}")
     if config.method == "lantern" and config.k > 0 and neighbours is None:
         raise ValueError("method='lantern' needs the neighbour table (lantern.ops.latent_neighbours)")
 
@@ -446,7 +474,8 @@ def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: Sp
     """The cost model ``tree="auto"`` uses for these models and settings: cached, or calibrated now (a few
     seconds). Call it before timing a run so the calibration is not part of it."""
     L = check_length(length, target.config.block_size)
-    _check_config(config, neighbours)
+    check_condition(target, cond_idx)
+    check_config(config, neighbours, target.config.vocab_size)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     device = target.tok_embeddings.weight.device
     same = torch.get_default_device() == device
