@@ -306,3 +306,191 @@ def test_14_valid_edge_options_still_run(small_pair):
 def test_14_demo_rejects_empty_settings(flag, value, message):
     with pytest.raises(ValueError, match=message):
         main(["demo", flag, value, "--vocab" if flag != "--vocab" else "--rows", "16" if flag != "--vocab" else "2"])
+
+
+# -- CLI: 5 (--classes), 11 (outputs), 12 (options of other models), 13 (JSON), 14 (--nodes / --depth) ---------
+
+class StubVQ:
+    """decode_codes / to_uint8 of a VQ, enough for the CLI to write its grid."""
+
+    def decode_codes(self, tokens, h, w):
+        return torch.zeros(tokens.shape[0], 3, 4 * h, 4 * w)
+
+    def to_uint8(self, images):
+        return images.permute(0, 2, 3, 1).to(torch.uint8)  # [B, H, W, 3]
+
+
+@pytest.fixture
+def stub_models(monkeypatch):
+    """generate_cli's loader replaced: a small random 10-class GPT (like the tiny model's classes) and a
+    stub VQ; ``loads`` counts the loads, so a test can tell an error came before any model was loaded."""
+    from models.gpt_testing import small_gpt
+
+    from lantern import generate_cli
+
+    loads = []
+    gpt = small_gpt(0, num_classes=10)
+
+    def load(args):
+        loads.append(args.model)
+        return gpt, StubVQ(), {"sampling": {"cfg_scale": 1.0}}
+
+    monkeypatch.setattr(generate_cli, "_load", load)
+    return loads
+
+
+def generate(tmp_path, *extra):
+    return main(["generate", "--per-class", "1", "--no-progress", "--out", str(tmp_path / "g.png"), *extra])
+
+
+def test_5_cli_classes_outside_the_model_fail_before_sampling(stub_models, tmp_path, monkeypatch):
+    import lantern.decoding
+
+    monkeypatch.setattr(lantern.decoding, "generate_ar", lambda *a, **k: pytest.fail("sampled"))
+    with pytest.raises(SystemExit, match=r"--classes must be class ids in \[0, 10\).*got \[10\]"):
+        generate(tmp_path, "--classes", "3", "10")
+    with pytest.raises(SystemExit, match=r"--classes .*got \[-1\]"):
+        generate(tmp_path, "--classes", "-1")
+
+
+def test_5_cli_mar_classes_outside_the_model_fail(tmp_path, monkeypatch):
+    from lantern import generate_mar_cli
+    from lantern.models import build_mar
+
+    torch.manual_seed(0)
+    mar = build_mar("MAR-tiny-drafter").eval()
+    defaults = dict(cfg=1.0, cfg_schedule="linear", num_iter=2, temperature=1.0)
+    monkeypatch.setattr(generate_mar_cli, "_load", lambda args: (mar, None, defaults, [0]))
+    monkeypatch.setattr(generate_mar_cli, "sample_mar", lambda *a, **k: pytest.fail("sampled"), raising=False)
+    with pytest.raises(SystemExit, match=r"--classes must be class ids in \[0, 10\)"):
+        main(["generate", "--model", "tiny-mar", "--classes", "10", "--out", str(tmp_path / "m.png"), "--no-progress"])
+
+
+def bad_outputs(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_folder.png").mkdir()
+    return [
+        ("--out", str(tmp_path / "missing" / "g.png"), "does not exist"),
+        ("--out", str(tmp_path / "a_file" / "g.png"), "does not exist"),
+        ("--out", "/proc/lantern-hardening.png", "cannot be written"),  # no new files in /proc, even for root
+        ("--out", str(tmp_path / "grid"), "must name an image file"),
+        ("--out", str(tmp_path / "grid.txt"), "must name an image file"),
+        ("--out", str(tmp_path / "a_folder.png"), "is a folder"),
+        ("--json", str(tmp_path / "missing" / "run.json"), "does not exist"),
+        ("--json", "/proc/lantern-hardening.json", "cannot be written"),
+        ("--json", str(tmp_path / "run"), "must name a JSON file"),
+        ("--json", str(tmp_path / "g.png"), "must name a JSON file"),
+    ]
+
+
+@pytest.mark.parametrize("model", ["tiny", "checkpoint", "tiny-mar"])
+def test_11_unwritable_outputs_fail_before_loading(stub_models, tmp_path, model):
+    for flag, path, message in bad_outputs(tmp_path):
+        argv = ["generate", "--model", model, "--no-progress", "--out", str(tmp_path / "g.png"), flag, path]
+        with pytest.raises(SystemExit, match=message):
+            main(argv)
+    assert stub_models == []  # nothing was loaded, let alone sampled
+    assert not (tmp_path / "missing").exists() and not (tmp_path / "grid").exists()
+
+
+@pytest.mark.skipif(hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0,
+                    reason="root writes into read-only folders")
+def test_11_read_only_folder_fails_before_loading(stub_models, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(SystemExit, match="cannot be written"):
+        generate(tmp_path, "--out", str(locked / "g.png"))
+    assert stub_models == []
+
+
+def test_11_demo_json_fails_before_running(tmp_path, monkeypatch):
+    import lantern.demo
+
+    monkeypatch.setattr(lantern.demo, "run_demo", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["demo", "--json", str(tmp_path / "missing" / "d.json")])
+    with pytest.raises(SystemExit, match="must name a JSON file"):
+        main(["demo", "--json", str(tmp_path / "d.txt")])
+
+
+@pytest.mark.parametrize("model,option", [
+    ("tiny", ["--image-size", "512"]), ("tiny", ["--gpt-name", "GPT-B"]), ("tiny", ["--num-iter", "4"]),
+    ("tiny", ["--vae", "kl.ckpt"]), ("checkpoint", ["--mar-name", "MAR-L"]), ("checkpoint", ["--cfg-schedule", "linear"]),
+    ("tiny-mar", ["--image-size", "384"]), ("tiny-mar", ["--num-sampling-steps", "10"]), ("tiny-mar", ["--vq", "vq.pt"]),
+    ("mar-checkpoint", ["--gpt", "gpt.pt"]),
+])
+def test_12_options_of_other_models_are_rejected(stub_models, tmp_path, model, option):
+    with pytest.raises(SystemExit, match=f"{option[0]} does not apply to --model {model}"):
+        generate(tmp_path, "--model", model, *option)
+    assert stub_models == []
+
+
+def test_12_options_of_the_chosen_model_still_run(stub_models, tmp_path):
+    assert generate(tmp_path, "--model", "checkpoint", "--image-size", "384", "--gpt-name", "GPT-B",
+                    "--classes", "1") == 0
+    assert stub_models == ["checkpoint"] and (tmp_path / "g.png").exists()
+
+
+def test_13_json_of_one_image_is_valid_json_with_null(stub_models, tmp_path, monkeypatch):
+    import json
+    import math
+
+    import lantern.tiny.evaluate
+
+    nan = float("nan")
+    monkeypatch.setattr(lantern.tiny.evaluate, "evaluate_samples",  # what it returns for one image
+                        lambda images, labels: dict(class_accuracy=1.0, n=1, fd=nan,
+                                                    per_class_accuracy=[1.0] + [nan] * 9))
+    js = tmp_path / "run.json"
+    assert generate(tmp_path, "--classes", "0", "--json", str(js)) == 0
+    text = js.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    figures = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON"))
+    assert figures["fd"] is None and figures["per_class_accuracy"] == [1.0] + [None] * 9
+    assert figures["class_accuracy"] == 1.0 and math.isfinite(figures["wall_s"])
+
+
+def test_13_write_json_replaces_every_non_finite_float(tmp_path):
+    import json
+
+    from lantern.outputs import write_json
+
+    path = tmp_path / "x.json"
+    write_json(str(path), {"a": float("inf"), "b": [1.5, float("-inf"), {"c": float("nan")}], "d": (2, "s")})
+    assert json.loads(path.read_text()) == {"a": None, "b": [1.5, None, {"c": None}], "d": [2, "s"]}
+
+
+@pytest.mark.parametrize("option,message", [
+    (["--nodes", "0"], "--nodes must be >= 1"), (["--depth", "0"], "--depth must be >= 1"),
+    (["--depth", "-3"], "--depth must be >= 1"), (["--per-class", "0"], "--per-class must be >= 1"),
+    (["--tree", "dynamic", "--draft", "sampled"], "--draft sampled does not apply to --tree dynamic"),
+])
+def test_14_cli_spec_options_fail_before_loading(stub_models, tmp_path, option, message):
+    with pytest.raises(SystemExit, match=message):
+        generate(tmp_path, "--method", "lantern", *option)
+    assert stub_models == []
+
+
+# -- README: the fused-backend choice is per thread -------------------------------------------------------
+
+def test_fused_backend_choice_is_per_thread():
+    import lantern
+
+    seen = {}
+
+    def other():
+        seen["start"] = lantern.active_backend()
+        lantern.enable_fused("cpu")
+        seen["after"] = lantern.active_backend()
+
+    with lantern.fused("reference"):
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join()
+        assert lantern.active_backend() == "reference"  # the other thread's enable_fused did not leak here
+        with lantern.fused("cpu"):
+            worker = threading.Thread(target=other)
+            worker.start()
+            worker.join()
+            assert lantern.active_backend() == "cpu"
+    assert seen == {"start": "reference", "after": "cpu"}  # a new thread starts on the reference ops

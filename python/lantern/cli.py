@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -16,14 +15,19 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig, run_demo
 
     cfg = DemoConfig(vocab=args.vocab, rows=args.rows, neighbours=args.k, seed=args.seed)
+    if args.json:
+        from .outputs import check_output_path
+
+        check_output_path(args.json, "--json", [".json"], "a JSON file")
     if args.fused:
         from . import enable_fused
 
         enable_fused(args.fused)
     rows = run_demo(cfg, deltas=tuple(args.delta))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        from .outputs import write_json
+
+        write_json(args.json, rows)
         print(f"wrote {args.json}")
     return 0
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -25,15 +24,15 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                           "'tiny-mar': the continuous-token default (trained by python -m lantern.tiny_mar.train); "
                           "'mar-checkpoint': official MAR files given by --mar / --vae")
     src.add_argument("--gpt", metavar="PATH", help="GPT checkpoint (.pt / .pth / .safetensors)")
-    src.add_argument("--gpt-name", default="GPT-XL", help="GPT config: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B")
+    src.add_argument("--gpt-name", help="GPT config: GPT-B, GPT-L, GPT-XL (default), GPT-XXL, GPT-3B")
     src.add_argument("--vq", metavar="PATH", help="VQ-16 tokenizer checkpoint")
-    src.add_argument("--image-size", type=int, default=256, choices=[256, 384, 512],
-                     help="official models: image size (16x16, 24x24 or 32x32 tokens)")
+    src.add_argument("--image-size", type=int, choices=[256, 384, 512],
+                     help="official models: image size (16x16, 24x24 or 32x32 tokens; default 256)")
     mar = p.add_argument_group("MAR (--model tiny-mar | mar-checkpoint)")
     mar.add_argument("--mar", metavar="PATH", help="MAR checkpoint (checkpoint-last.pth: its model_ema; or safetensors)")
-    mar.add_argument("--mar-name", default="MAR-B", help="MAR config: MAR-B, MAR-L, MAR-H")
+    mar.add_argument("--mar-name", help="MAR config: MAR-B (default), MAR-L, MAR-H")
     mar.add_argument("--vae", metavar="PATH", help="KL-16 autoencoder checkpoint (kl16.ckpt)")
-    mar.add_argument("--vae-name", default="KL-16", choices=["KL-16", "KL-tiny"], help="autoencoder config")
+    mar.add_argument("--vae-name", choices=["KL-16", "KL-tiny"], help="autoencoder config (default KL-16)")
     mar.add_argument("--num-iter", type=int, help="MAR steps (default: the model's recommendation; 64 official)")
     mar.add_argument("--cfg-schedule", choices=["linear", "constant"], help="guidance schedule over the MAR steps "
                      "(default: the model's recommendation, linear)")
@@ -62,7 +61,8 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                       help="draft kind (default: sampled for static, deterministic otherwise)")
     spec.add_argument("--depth", type=int, default=5, help="draft levels (chain length / EAGLE-2 expansions; "
                       "auto: the deepest candidate)")
-    spec.add_argument("--nodes", type=int, default=58, help="EAGLE-2: drafted nodes kept per step")
+    spec.add_argument("--nodes", type=int, default=58, help="EAGLE-2: drafted nodes kept per step (>= 1; for no "
+                      "drafts use --method ar)")
     spec.add_argument("--k", type=int, default=1000, help="LANTERN: latent neighbours merged at most")
     spec.add_argument("--delta", type=float, default=0.1, help="LANTERN: total-variation budget")
     spec.add_argument("--lam", type=float, help="LANTERN++: multiplicative cap lambda (instead of --delta)")
@@ -77,10 +77,63 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                      help="target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), "
                           "node counts padded to a few buckets; the one-off compile time is reported")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    run.add_argument("--out", default="samples.png", metavar="PATH", help="PNG grid to write")
-    run.add_argument("--json", metavar="PATH", help="also write the run's figures as JSON")
+    run.add_argument("--out", default="samples.png", metavar="PATH", help="image grid to write (.png, .jpg, ...; "
+                     "its folder must exist)")
+    run.add_argument("--json", metavar="PATH", help="also write the run's figures as JSON (.json; a figure that is "
+                     "not a number, e.g. the Frechet distance of one image, is null)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+# options that apply to some models only (dest -> the --model values they apply to)
+MODEL_OPTIONS = {
+    "gpt": ("checkpoint",), "gpt_name": ("checkpoint",), "vq": ("checkpoint",), "image_size": ("checkpoint",),
+    "mar": ("mar-checkpoint",), "mar_name": ("mar-checkpoint",), "vae": ("mar-checkpoint",),
+    "vae_name": ("mar-checkpoint",), "num_sampling_steps": ("mar-checkpoint",),
+    "num_iter": ("tiny-mar", "mar-checkpoint"), "cfg_schedule": ("tiny-mar", "mar-checkpoint"),
+}
+MODEL_DEFAULTS = {"gpt_name": "GPT-XL", "image_size": 256, "mar_name": "MAR-B", "vae_name": "KL-16"}
+
+
+def check_options(args) -> None:
+    """Before any model is loaded: every given option applies to the chosen model, the counts are
+    positive, and the output files can be written. SystemExit naming the option otherwise. Then the
+    defaults of the model options are filled in."""
+    for dest, models in MODEL_OPTIONS.items():
+        if getattr(args, dest, None) is not None and args.model not in models:
+            flag = "--" + dest.replace("_", "-")
+            raise SystemExit(f"{flag} does not apply to --model {args.model} (it is for --model "
+                             f"{' / '.join(models)})")
+    for dest, value in MODEL_DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+    for flag, value in (("--per-class", args.per_class), ("--depth", args.depth), ("--nodes", args.nodes)):
+        if value < 1:
+            raise SystemExit(f"{flag} must be >= 1, got {value}" +
+                             (" (for no drafts use --method ar)" if flag == "--nodes" else ""))
+    if args.batch is not None and args.batch < 1:
+        raise SystemExit(f"--batch must be >= 1, got {args.batch}")
+    if args.draft == "sampled" and args.tree == "dynamic":
+        raise SystemExit("--draft sampled does not apply to --tree dynamic (EAGLE-2 drafts are each node's top "
+                         "tokens); use --tree chain or static for sampled drafts")
+    check_outputs(args)
+
+
+def check_outputs(args) -> None:
+    """--out (an image) and --json (JSON) can be written (their extensions differ, so never the same file)."""
+    from .outputs import check_output_path, image_suffixes
+
+    check_output_path(args.out, "--out", image_suffixes(), "an image file")
+    if args.json is not None:
+        check_output_path(args.json, "--json", [".json"], "a JSON file")
+
+
+def check_classes(classes, num_classes: int) -> None:
+    """--classes must be ids of the model's classes, [0, num_classes)."""
+    bad = [c for c in classes if not 0 <= c < num_classes]
+    if bad:
+        raise SystemExit(f"--classes must be class ids in [0, {num_classes}) for this model "
+                         f"({num_classes} classes), got {bad}")
 
 
 def _load(args):
@@ -123,7 +176,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from . import enable_fused
     from .decoding import generate, generate_ar
     from .images import save_grid
+    from .outputs import write_json
 
+    check_options(args)
     if args.model in ("tiny-mar", "mar-checkpoint"):
         from .generate_mar_cli import run_generate_mar
 
@@ -135,6 +190,7 @@ def run_generate(args: argparse.Namespace) -> int:
     cfg_scale = args.cfg_scale if args.cfg_scale is not None else defaults.get("cfg_scale", 4.0)
     top_k = args.top_k if args.top_k is not None else defaults.get("top_k", 0)
     classes = args.classes or (list(range(gpt.config.num_classes)) if args.model == "tiny" else LLAMAGEN_DEMO_CLASSES)
+    check_classes(classes, gpt.config.num_classes)
     labels = torch.tensor(classes, device=args.device).repeat_interleave(args.per_class)  # [B]
     batch = _batch_size(args.batch, len(labels))
     L = gpt.config.block_size
@@ -199,8 +255,7 @@ def run_generate(args: argparse.Namespace) -> int:
         figures.update(evaluate_samples(images.cpu(), labels.cpu()))
     _print_figures(figures, args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+        write_json(args.json, figures)
         print(f"wrote {args.json}")
     return 0
 

@@ -3,7 +3,6 @@ throughput split into transformer and diffusion head (and quality for the tiny m
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -53,8 +52,10 @@ def run_generate_mar(args: argparse.Namespace) -> int:
 
     from . import enable_fused
     from .decoding import sample_mar
+    from .generate_cli import check_classes
     from .images import save_grid
     from .models import to_uint8
+    from .outputs import write_json
 
     _check_discrete_options(args)
     if args.fused:
@@ -64,6 +65,7 @@ def run_generate_mar(args: argparse.Namespace) -> int:
     num_iter = args.num_iter or defaults["num_iter"]
     schedule = args.cfg_schedule or defaults["cfg_schedule"]
     classes = args.classes or default_classes
+    check_classes(classes, mar.config.class_num)
     labels = torch.tensor(classes).repeat_interleave(args.per_class)  # [N]
     n = len(labels)
     batch = n if args.batch is None else args.batch
@@ -99,8 +101,7 @@ def run_generate_mar(args: argparse.Namespace) -> int:
         figures.update(evaluate_samples(images.cpu(), labels))
     _print_figures(figures, args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+        write_json(args.json, figures)
         print(f"wrote {args.json}")
     return 0
 
