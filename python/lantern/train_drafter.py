@@ -1,6 +1,6 @@
 """Train an EAGLE drafter on images the target generates itself (its own CFG and sampling settings).
 
-    python -m lantern.train_drafter [--images 2048] [--steps 1500] [--out python/lantern/weights/tiny/drafter.safetensors]
+    python -m lantern.train_drafter [--images 2048] [--steps 1500] [--target-dir python/lantern/weights/tiny]
 
 Loss (EAGLE): SmoothL1 between the predicted and the target's next hidden state, plus 0.1 x the
 cross-entropy of the drafter's logits (the target's frozen head on the prediction) against the target's
@@ -96,11 +96,16 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(TINY_DIR / "drafter.safetensors"))
+    parser.add_argument("--target-dir", default=str(TINY_DIR),
+                        help="the tiny target's weights (a python -m lantern.tiny.train --out folder)")
+    parser.add_argument("--out", default=None, help="default: TARGET_DIR/drafter.safetensors")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1, like the model trainers: independent of the core count)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
+    args.out = args.out or str(Path(args.target_dir) / "drafter.safetensors")
     t0 = time.perf_counter()
-    tiny = load_tiny()
+    tiny = load_tiny(directory=Path(args.target_dir))
     target = tiny.gpt
     sampling = tiny.meta.get("sampling", {})
     cfg_scale, top_k = sampling.get("cfg_scale", 4.0), sampling.get("top_k", 0)
