@@ -85,7 +85,7 @@ class SpecStats:
     row_steps: int = 0  # sum over rows of the verify steps in which the row was still generating
     emitted: int = 0  # tokens emitted by verify steps (all rows)
     wall_s: float = 0.0
-    accept_lens: list = field(default_factory=list)  # per step: accept_len [B] of the active rows
+    accept_lens: list = field(default_factory=list)  # per step: accept_len of the rows still generating
     plan_counts: Dict[str, int] = field(default_factory=dict)  # steps per plan ("ar", "chain3", "tree16", ...)
     planner: dict = field(default_factory=dict)  # tree="auto": per plan expected vs achieved tokens/s, cost model
     compile_s: float = 0.0  # compile=True: first calls of each new graph (compile included), part of wall_s
@@ -180,10 +180,25 @@ class _Loop:
         """[B, ...] -> [rows, ...]: the same values for both guidance halves."""
         return x.repeat(self.halves, *([1] * (x.dim() - 1)))
 
-    def progress(self, max_depth: int) -> List[int]:
-        """[active rows, then for d = 1..max_depth the active rows with at least d + 1 tokens to go]."""
+    def progress(self, max_depth: int) -> torch.Tensor:
+        """int64 [1 + max_depth]: active rows, then for d = 1..max_depth the active rows with at least d + 1
+        tokens to go."""
         to_go = (self.L - self.n_done)[:, None] - torch.arange(max_depth + 1)  # [B, D + 1]
-        return (to_go >= 1).sum(0).tolist()
+        return (to_go >= 1).sum(0)
+
+    def sync(self, max_depth: int, last: Optional["_StepFigures"]) -> List[int]:
+        """The loop's one host read per step: ``progress`` and the last step's figures together. Returns
+        the progress counts; accounts the last step (``last.values`` filled, ``width`` refined)."""
+        if last is None:
+            return self.progress(max_depth).tolist()
+        values = torch.cat([self.progress(max_depth), last.device_values]).tolist()
+        last.values = values[max_depth + 1:]
+        if last.values[3]:
+            raise RuntimeError(f"step {last.step}: the target or the drafter produced NaN or +inf logits (broken "
+                               f"weights or inputs); the decoding stopped")
+        if not last.plan.is_ar:
+            self.width = max(last.values[2], 1)  # the pending columns the longest row uses
+        return values[: max_depth + 1]
 
     def _verify(self, logits, tokens, parents, depth, draft_probs, offset, drafts: bool):
         """ops.verify of the cond rows' trees (guided by the uncond rows), relaxed only with drafts."""
@@ -207,6 +222,9 @@ class _Loop:
         logits, hidden = self.target(self.rep(root), cache_len=self.target_len, return_hidden=True)  # [rows, 1, .]
         result = self._verify(logits, root, self.root_parents, 0, None, step, drafts=False)
         n_emit = active.to(torch.int64)
+        zeros = torch.zeros_like(n_emit)
+        self.figures = _StepFigures(AR_PLAN, step, _figures(n_emit, zeros, active, L - self.n_done, 0, _broken(logits)),
+                                    zeros, active)
         slot = self.n_done.clamp(max=L - 1)[:, None]
         self.out.scatter_(1, slot, torch.where(active[:, None], result.next_token[:, None], self.out.gather(1, slot)))
         self.target_len = self.target_len + self.rep(n_emit)  # the root's K/V, written by this forward, stay
@@ -255,6 +273,9 @@ class _Loop:
         result = self._verify(logits, tree.tokens, tree.parents, tree.depth, tree.draft_probs, step, drafts=True)
         # 5. commit: accepted path tokens, then next_token; never past L
         n_emit = torch.where(active, _emit_counts(result.accept_len, n_done, L), 0)  # [B]
+        self.figures = _StepFigures(plan, step, _figures(n_emit, result.accept_len, active, L - n_done, plan.depth,
+                                                         _broken(logits) | _broken(root_logits)),
+                                    result.accept_len, active)
         kept_nodes = torch.cat([torch.zeros(B, 1, dtype=torch.int64), result.path.clamp(min=0)], 1)  # [B, T]
         emitted = torch.cat([tree.tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
         j = torch.arange(T)
@@ -264,15 +285,14 @@ class _Loop:
         self.out = torch.where(written, emitted.gather(1, in_step.clamp(0, T - 1)), self.out)
         # 6. keep the root and accepted nodes' K/V (the root plus n_emit - 1 path nodes)
         self.target_len = ops.compact_kv(self.target.kv_cache, self.target_len, rep(kept_nodes), rep(n_emit))
-        # 7. the drafter's next input: the emitted tokens with the target hidden state before each
-        # eager: only as many positions as the longest row needs (a host read); traced: all T (a static shape,
-        # no host sync; the drafter ignores the positions past each row's n_pending)
-        width = T if torch.compiler.is_compiling() else max(int(n_emit.max()), 1)
-        self.pending[:, :width] = rep(emitted[:, :width])
-        feat_nodes = rep(kept_nodes[:, :width])[..., None].expand(-1, -1, hidden.shape[-1])
-        self.pending_feat[:, :width] = hidden.gather(1, feat_nodes)
+        # 7. the drafter's next input: the emitted tokens with the target hidden state before each, all T
+        # columns (no host read; the drafter ignores the positions past each row's n_pending). ``sync``
+        # narrows ``width`` to the longest row's columns once the step's figures are read.
+        self.pending[:, :T] = rep(emitted)
+        feat_nodes = rep(kept_nodes)[..., None].expand(-1, -1, hidden.shape[-1])
+        self.pending_feat[:, :T] = hidden.gather(1, feat_nodes)
         self.n_pending = rep(n_emit)
-        self.width = width
+        self.width = T
         self.n_done = n_done + n_emit
         return n_emit, result.accept_len, tree.draft_forwards
 
@@ -285,14 +305,33 @@ class _Loop:
         self.target.free_cache()
 
 
-def _acceptance_counts(accept_len, to_go, depth: int):
-    """For d = 1..depth: (rows that accepted depth d, rows that reached depth d - 1 with depth d inside the
-    image) among the active rows; accept_len / to_go [n] (to_go = tokens the row still needed)."""
+@dataclass
+class _StepFigures:
+    """One step's figures, left on the device until the next step's host read (``_Loop.sync``)."""
+    plan: Plan
+    step: int
+    device_values: torch.Tensor  # int64 [4 + 2 depth], see ``_figures``
+    accept_len: torch.Tensor  # [B]
+    active: torch.Tensor  # [B] bool: the rows that were generating
+    values: Optional[List[int]] = None  # device_values once read
+
+
+def _figures(n_emit, accept_len, active, to_go, depth: int, broken) -> torch.Tensor:
+    """int64 [4 + 2 depth]: tokens emitted, active rows, the longest row's tokens, broken logits (0/1), then
+    for d = 1..depth the active rows that accepted depth d (hits), then those that reached depth d - 1 with
+    depth d inside the image (trials); to_go [B] = tokens each row still needed before the step."""
     d = torch.arange(1, depth + 1)
-    inside = to_go[:, None] >= d
+    inside = (to_go[:, None] >= d) & active[:, None]  # [B, depth]
     hits = ((accept_len[:, None] >= d) & inside).sum(0)
     trials = ((accept_len[:, None] >= d - 1) & inside).sum(0)
-    return torch.stack([hits, trials]).tolist()
+    head = torch.stack([n_emit.sum(), active.sum(), n_emit.max(), broken.to(torch.int64)])
+    return torch.cat([head, hits, trials])
+
+
+def _broken(logits: torch.Tensor) -> torch.Tensor:
+    """bool []: some logit is NaN or +inf (-inf is a masked token). The decoding loops' one value check on
+    what the models produce, read with the step's other figures; the ops' own scans are off in the loops."""
+    return ~(logits.detach().amax() < float("inf"))
 
 
 @torch.no_grad()
@@ -362,15 +401,21 @@ def check_config(config: SpecConfig, neighbours, vocab: int) -> None:
         raise ValueError("method='lantern' needs the neighbour table (lantern.ops.latent_neighbours)")
 
 
-def _record_step(stats: SpecStats, n_emit, accept_len, active, draft_forwards: int) -> int:
-    tokens = int(n_emit.sum())
+def _record_step(stats: SpecStats, last: _StepFigures, draft_forwards: int, steps: list) -> int:
+    """Accounts a step whose figures were read (``_Loop.sync``) -> its tokens."""
+    tokens, active_rows = last.values[0], last.values[1]
     stats.steps += 1
     stats.target_forwards += 1
     stats.draft_forwards += draft_forwards
-    stats.row_steps += int(active.sum())
+    stats.row_steps += active_rows
     stats.emitted += tokens
-    stats.accept_lens.append(accept_len[active].cpu())
+    steps.append((last.accept_len, last.active))
     return tokens
+
+
+def _accept_lens(steps: list) -> list:
+    """Per step: accept_len of the rows that were generating (host reads after the loop)."""
+    return [accept_len[active].cpu() for accept_len, active in steps]
 
 
 def _record_compile(stats: SpecStats, compiled: Optional[CompileStats]) -> None:
@@ -386,15 +431,21 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, [plan], catch_up=False,
                  emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
-    step = 0
-    while bool((loop.n_done < L).any()):
-        step += 1
-        active = loop.n_done < L
-        n_emit, accept_len, forwards = loop.spec_step(plan, step)
-        _record_step(stats, n_emit, accept_len, active, forwards)
-        if on_step is not None:
-            on_step(n_emit)
+    step, last, forwards, n_emit, steps = 0, None, 0, None, []
+    with ops.checks.values_checked_by_caller():
+        while True:
+            counts = loop.sync(0, last)  # the step's one host read
+            if last is not None:
+                _record_step(stats, last, forwards, steps)
+                if on_step is not None:
+                    on_step(n_emit)
+            if counts[0] == 0:
+                break
+            step += 1
+            n_emit, _, forwards = loop.spec_step(plan, step)
+            last = loop.figures
     loop.close()
+    stats.accept_lens = _accept_lens(steps)
     stats.plan_counts = {plan.name: stats.steps}
     _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
@@ -411,37 +462,38 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
                  emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
     max_depth = planner.max_depth
-    step, decision, tokens = 0, None, 0
+    step, decision, last, forwards, n_emit, steps = 0, None, None, 0, None, []
     t_step = time.perf_counter()
-    while True:
-        counts = loop.progress(max_depth)  # syncs: the step before is done
-        now = time.perf_counter()
-        if decision is not None:
-            # compile=True: a step's first calls of new graphs (compile included) are left out of its time
-            compiling = compiled.compile_s - compile_before if compiled is not None else 0.0
-            planner.record(decision, tokens, max(now - t_step - compiling, 0.0))
-        if counts[0] == 0:
-            break
-        t_step = now
-        compile_before = compiled.compile_s if compiled is not None else 0.0
-        step += 1
-        planner.forget()
-        decision = planner.choose(loop.rows, counts[0], counts[1:])
-        plan = decision.plan
-        active = loop.n_done < L
-        if plan.is_ar:
-            n_emit = loop.ar_step(step)
-            tokens = _record_step(stats, n_emit, torch.zeros_like(n_emit), active, 0)
-        else:
-            to_go = (L - loop.n_done)[active]
-            n_emit, accept_len, forwards = loop.spec_step(plan, step)
-            tokens = _record_step(stats, n_emit, accept_len, active, forwards)
-            hits, trials = _acceptance_counts(accept_len[active], to_go, plan.depth)
-            planner.acceptance.observe(plan, hits, trials)
-        stats.plan_counts[plan.name] = stats.plan_counts.get(plan.name, 0) + 1
-        if on_step is not None:
-            on_step(n_emit)
+    with ops.checks.values_checked_by_caller():
+        while True:
+            counts = loop.sync(max_depth, last)  # the step's one host read: the step before is done
+            now = time.perf_counter()
+            if last is not None:
+                tokens = _record_step(stats, last, forwards, steps)
+                if not last.plan.is_ar:
+                    depth = last.plan.depth
+                    planner.acceptance.observe(last.plan, last.values[4 : 4 + depth], last.values[4 + depth :])
+                # compile=True: a step's first calls of new graphs (compile included) are left out of its time
+                compiling = compiled.compile_s - compile_before if compiled is not None else 0.0
+                planner.record(decision, tokens, max(now - t_step - compiling, 0.0))
+                if on_step is not None:
+                    on_step(n_emit)
+            if counts[0] == 0:
+                break
+            t_step = now
+            compile_before = compiled.compile_s if compiled is not None else 0.0
+            step += 1
+            planner.forget()
+            decision = planner.choose(loop.rows, counts[0], counts[1:])
+            plan = decision.plan
+            if plan.is_ar:
+                n_emit, forwards = loop.ar_step(step), 0
+            else:
+                n_emit, _, forwards = loop.spec_step(plan, step)
+            last = loop.figures
+            stats.plan_counts[plan.name] = stats.plan_counts.get(plan.name, 0) + 1
     loop.close()
+    stats.accept_lens = _accept_lens(steps)
     stats.planner = dict(planner.summary(), cost_model={k: v for k, v in cost_model.meta.items() if k != "key"})
     _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
@@ -524,7 +576,8 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
             for step in range(1, reps + 2):
                 sync()
                 t0 = time.perf_counter()
-                loop.ar_step(step) if plan.is_ar else loop.spec_step(plan, step)
+                with ops.checks.values_checked_by_caller():  # as in the decoding loop
+                    loop.ar_step(step) if plan.is_ar else loop.spec_step(plan, step)
                 sync()
                 times.append(time.perf_counter() - t0)
             loop.close()

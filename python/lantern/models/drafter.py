@@ -23,7 +23,6 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .gpt import CacheStep, GPTConfig, RMSNorm, Transformer, TransformerBlock, precompute_freqs_cis_2d
 
@@ -151,7 +150,8 @@ def partial_tree_mask(parents: torch.Tensor) -> torch.Tensor:
     R, T = parents.shape
     # reach[r, i, j]: j is i or an ancestor of i. Transitive closure of the parent relation by repeated
     # squaring (log2 T boolean matrix products), so no Python loop runs over nodes.
-    step = F.one_hot(parents.clamp(min=0), T).to(torch.float32) * (parents >= 0)[..., None]  # [R, T, T]
+    node_ids = torch.arange(T, device=parents.device)
+    step = (parents[..., None] == node_ids).to(torch.float32)  # [R, T, T]; parent -1 matches no node
     reach = torch.eye(T, device=parents.device).expand(R, T, T) + step
     for _ in range(max(1, (T - 1).bit_length())):
         reach = (reach @ reach > 0).to(torch.float32)

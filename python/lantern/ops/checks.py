@@ -4,7 +4,9 @@ sync on GPU tensors; they run once here, before any backend, so all backends rai
 Type, shape, dtype and device checks always run; the value scans run in eager mode only (``scan_values``)."""
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import weakref
 from typing import Optional, Sequence
 
@@ -32,12 +34,29 @@ def tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Sequenc
             raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
 
 
+_caller = threading.local()
+
+
 def scan_values() -> bool:
-    """Whether the value-dependent checks run: always in eager mode, never while torch.compile (or export)
-    traces. A traced graph holds no values to test, and a test there would be a host sync in every replay,
-    so compiled code skips them (docs/dispatch.md); shapes, dtypes and devices are still checked at trace
-    time, and the kernels never read or write out of bounds whatever the values."""
-    return not torch.compiler.is_compiling()
+    """Whether the value-dependent checks run: in eager mode unless the caller checks the values itself
+    (``values_checked_by_caller``), never while torch.compile (or export) traces. A traced graph holds no
+    values to test, and a test there would be a host sync in every replay, so compiled code skips them
+    (docs/dispatch.md); shapes, dtypes and devices are still checked at trace time, and the kernels never
+    read or write out of bounds whatever the values."""
+    return not torch.compiler.is_compiling() and not getattr(_caller, "checks_values", False)
+
+
+@contextlib.contextmanager
+def values_checked_by_caller():
+    """Within this block (this thread), the ops and models skip their value scans: for a caller that builds
+    the ops' inputs itself and checks what it does not build in one folded test per step (the decoding
+    loops: at most one host sync per step, docs/dispatch.md). Shape, dtype and device checks still run."""
+    before = getattr(_caller, "checks_values", False)
+    _caller.checks_values = True
+    try:
+        yield
+    finally:
+        _caller.checks_values = before
 
 
 def finite(name: str, t: torch.Tensor) -> None:

@@ -65,7 +65,10 @@ def masked_softmax(l: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def _is_on(setting, on) -> bool:
-    """Whether a filter is on for any row (skipping an all-off filter changes no result)."""
+    """Whether a filter is on for any row (skipping an all-off filter changes no result). A number is
+    tested on the host; a per-row tensor costs a device read."""
+    if isinstance(setting, (int, float)):
+        return bool(on(setting))
     return bool(on(torch.as_tensor(setting)).any())
 
 
@@ -83,6 +86,6 @@ def process_logits(logits, uncond_logits=None, cfg_scale=1.0, temperature=1.0, t
     if _is_on(top_p, lambda v: v < 1):
         keep &= top_p_mask(masked_softmax(scaled, keep), top_p)
     sampled = masked_softmax(scaled, keep)
-    if not bool(greedy.any()):
+    if not _is_on(temperature, lambda v: v == 0):
         return sampled
     return torch.where(greedy, masked_softmax(l, torch.ones_like(keep)), sampled)
