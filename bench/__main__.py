@@ -7,7 +7,8 @@ import os
 import torch
 
 from .common import Report
-from . import bench_checks, bench_decode, bench_model_costs, bench_neighbours, bench_tree_attention, bench_verify
+from . import (bench_checks, bench_decode, bench_model_costs, bench_neighbours, bench_speedup, bench_tree_attention,
+               bench_verify)
 
 
 def main() -> None:
@@ -24,6 +25,7 @@ def main() -> None:
     bench_checks.run(report, quick=args.quick)
     bench_model_costs.run(report, quick=args.quick)
     bench_decode.run(report, quick=args.quick)
+    bench_speedup.run(report, batches=(1, 8) if args.quick else (1, 8, 40), repeats=2 if args.quick else 3)
     report.write(args.json)
 
 

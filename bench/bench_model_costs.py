@@ -1,6 +1,6 @@
 """Per-forward costs of the tiny model's shape against its EAGLE drafter at batch 1 (two rows: classifier-free
 guidance), under the fused cpu backend, timed in alternation in one run. Weights are random: the cost of a
-forward does not depend on their values, so the shipped shape and a candidate deeper one compare on equal
+forward does not depend on their values, so the shipped shape and the earlier 4-layer one compare on equal
 terms (docs/tiny_model.md).
 
 For each shape (layers x width):
@@ -23,17 +23,17 @@ import lantern
 
 from .common import Report, interleaved_medians
 
-SHAPES = {"GPT-tiny (shipped)": None, "16 layers (candidate)": dict(n_layer=16)}
+SHAPES = {"GPT-tiny-deep (shipped)": "GPT-tiny-deep", "GPT-tiny (4 layers, before)": "GPT-tiny"}
 PREFIX = 33  # cached positions (condition + 32 image tokens)
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
-def _models(overrides):
+def _models(name: str):
     from lantern.models import build_gpt
     from lantern.models.drafter import EagleDrafter
 
     torch.manual_seed(0)
-    target = build_gpt("GPT-tiny", **(overrides or {})).eval()
+    target = build_gpt(name).eval()
     drafter = EagleDrafter(target.config).bind(target).eval()
     return target, drafter
 
@@ -77,8 +77,8 @@ def run(report: Report, quick: bool = False) -> dict:
     widths = (1, 8) if quick else (1, 8, 16, 32)
     summary = {}
     with lantern.fused("cpu"), torch.inference_mode():
-        for name, overrides in SHAPES.items():
-            target, drafter = _models(overrides)
+        for name, config_name in SHAPES.items():
+            target, drafter = _models(config_name)
             cfg = target.config
             case = f"{name}: {cfg.n_layer}x{cfg.dim}"
             fns = {f"target T={T}": _target_step(target, rows, T) for T in widths}
