@@ -51,6 +51,7 @@ class MARConfig:
     diffloss_w: int = 1024
     num_sampling_steps: str = "100"
     diffusion_batch_mul: int = 4
+    x0_clip: Optional[float] = None  # sampling: bound on the head's predicted x0 (None: unclipped, the reference)
 
     @property
     def seq_side(self) -> int:
@@ -65,6 +66,8 @@ class MARConfig:
         return self.vae_embed_dim * self.patch_size ** 2
 
 
+TINY_X0_CLIP = 8.0  # in units of the latents' std: about 99.99 % of the KL-tiny training latents lie within
+
 MAR_CONFIGS: Dict[str, MARConfig] = {
     # the released models: transformer sizes from the MAR configs, head sizes from the training commands
     "MAR-B": MARConfig(encoder_embed_dim=768, encoder_depth=12, encoder_num_heads=12, decoder_embed_dim=768,
@@ -75,16 +78,18 @@ MAR_CONFIGS: Dict[str, MARConfig] = {
                        decoder_depth=20, decoder_num_heads=16, diffloss_d=12, diffloss_w=1536),
     # the project's tiny continuous default: 32x32 images -> 8x8 latents of 16 channels (KL-tiny), 10 classes;
     # 50 sampling steps by default to keep CPU sampling affordable (the head is trained on all 1000, so any
-    # respacing works: num_sampling_steps="100" as for the released models)
+    # respacing works: num_sampling_steps="100" as for the released models); x0 clipped at TINY_X0_CLIP
+    # (the latents are scaled to unit std) so that the head's eps error at the last training step, which the
+    # first reverse step multiplies by about 600, cannot throw the chain off (lantern.models.diffusion)
     "MAR-tiny": MARConfig(img_size=32, vae_stride=4, encoder_embed_dim=192, encoder_depth=3, encoder_num_heads=3,
                           decoder_embed_dim=192, decoder_depth=3, decoder_num_heads=3, class_num=10,
                           buffer_size=16, diffloss_d=3, diffloss_w=192, num_sampling_steps="50",
-                          attn_dropout=0.0, proj_dropout=0.0),
+                          attn_dropout=0.0, proj_dropout=0.0, x0_clip=TINY_X0_CLIP),
     # its drafter: same family and latent space, a smaller transformer and head
     "MAR-tiny-drafter": MARConfig(img_size=32, vae_stride=4, encoder_embed_dim=128, encoder_depth=2,
                                   encoder_num_heads=2, decoder_embed_dim=128, decoder_depth=2, decoder_num_heads=2,
                                   class_num=10, buffer_size=16, diffloss_d=2, diffloss_w=128, num_sampling_steps="50",
-                                  attn_dropout=0.0, proj_dropout=0.0),
+                                  attn_dropout=0.0, proj_dropout=0.0, x0_clip=TINY_X0_CLIP),
 }
 
 
@@ -160,7 +165,7 @@ class MAR(nn.Module):
         self.decoder_norm = nn.LayerNorm(Dd, eps=cfg.norm_eps)
         self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, L, Dd))
         self.initialize_weights()
-        self.diffloss = DiffLoss(C, Dd, cfg.diffloss_d, cfg.diffloss_w, cfg.num_sampling_steps)
+        self.diffloss = DiffLoss(C, Dd, cfg.diffloss_d, cfg.diffloss_w, cfg.num_sampling_steps, cfg.x0_clip)
 
     def initialize_weights(self) -> None:
         """The reference's init of the transformer part (the head initialises itself)."""
