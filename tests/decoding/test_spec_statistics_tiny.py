@@ -1,5 +1,5 @@
 """Sampled speculative decoding at δ = 0 reproduces AR's law at the first positions, on the tiny default model
-itself (the committed GPT-tiny, V = 1024, its committed EAGLE drafter, CFG 2.0, temperature 1).
+itself (the committed GPT-tiny-deep, V = 1024, its committed EAGLE drafter, CFG 2.0, temperature 1).
 
 Each run generates the first two tokens (``length=2``) of ROWS images of one class. Calibrated G-tests per
 tree kind (false-failure rate <= 1e-6 per assertion, see tests/stats/gtest.py):
@@ -12,7 +12,8 @@ Position 2 is not tested here: too few (x0, x1) prefixes repeat in ROWS draws fo
 to have power (it did not reject the negative control below); tests/decoding/test_spec_statistics.py tests
 whole (x0, x1) trees on a small model and tests/stats tests every tree depth of verify itself.
 The exact laws come from ``forward_full`` (no cache, no drafter). Negative control: both tests reject, by a
-wide margin, a loop that verifies its trees without guidance (measured G = 873 on 116 df, threshold 213).
+wide margin, a loop that verifies its trees without guidance (measured on the earlier 4-layer model: G = 873 on
+116 df, threshold 213).
 Subtler bugs are too small to see here with ROWS draws: a wrong residual (this drafter is close to the
 target, so few rejections; measured G = 14 on 6 df against a threshold of 43) and a random stream reused
 across steps; the small random model of tests/decoding/test_spec_statistics.py and the op-level harness
