@@ -107,3 +107,41 @@ def test_broken_logits_stop_the_loop(models):
     with pytest.raises(RuntimeError, match="NaN or \\+inf logits"):
         generate_spec(broken, GPTDrafter(copy.deepcopy(target)), torch.tensor([0, 1]),
                       config=CONFIGS["chain"], cfg_scale=2.0, seed=0)
+
+
+def test_ar_reads_once_and_checks_the_logits(models):
+    """generate_ar: no host read per token (the first token's settings scan aside), and NaN logits mid-run
+    raise at the end instead of returning tokens sampled from them."""
+    from lantern.decoding import generate_ar
+
+    target, _ = models
+    lantern.enable_fused("cpu")
+    try:
+        generate_ar(target, torch.tensor([0, 1]), cfg_scale=2.0, seed=1)  # first use: the backend's self-check
+        reads = {}
+        LOOPS.add("generate_ar")
+        try:
+            for length in (4, 16):
+                with CountReads() as counter:
+                    generate_ar(target, torch.tensor([0, 1]), cfg_scale=2.0, seed=1, length=length)
+                reads[length] = counter.reads
+        finally:
+            LOOPS.discard("generate_ar")
+        # the prefill's and the first token's scans and the final check: as many for 16 tokens as for 4
+        assert reads[16] == reads[4] <= 12, reads
+        broken = copy.deepcopy(target)
+        forward, calls = broken.forward, {"n": 0}
+
+        def nan_at_step_5(*args, **kwargs):
+            calls["n"] += 1
+            logits = forward(*args, **kwargs)
+            if calls["n"] == 5:
+                logits = logits.clone()
+                logits[0, 0, 3] = float("nan")
+            return logits
+
+        broken.forward = nan_at_step_5
+        with pytest.raises(RuntimeError, match="NaN or \\+inf logits"):
+            generate_ar(broken, torch.tensor([0, 1]), cfg_scale=2.0, seed=1)
+    finally:
+        lantern.disable_fused()

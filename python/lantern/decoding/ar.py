@@ -7,6 +7,7 @@ backend a seed reproduces an image exactly, and greedy speculative decoding at Î
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional, Union
 
 import torch
@@ -108,20 +109,31 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     if compiled is not None:
         step_model, _ = compiled_models(model, None, compile_options(compile, device), compiled)
     tokens = torch.empty(B, L, dtype=torch.int64, device=device)
-    for step in range(L):
-        lc, lu = (logits[:B], logits[B:]) if guided else (logits, None)
-        if guided and 0 <= cfg_interval < step:
-            lu = None
-        tokens[:, step] = sample_next(lc, lu, cfg_scale=cfg_scale if lu is not None else 1.0,
-                                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                      offset=step)
-        if on_token is not None:
-            on_token(step)
-        if step + 1 < L:
-            feed = tokens[:, step : step + 1].repeat(rows // B, 1)  # [rows, 1], both CFG halves
-            cache_len = prefix + step
-            logits = step_model(feed, cache_len=cache_len)[:, -1]
+    broken = torch.zeros((), dtype=torch.bool, device=device)  # NaN / +inf logits seen (read once, at the end)
+    # The first token is sampled with the ops' value scans on (they check the user's settings); after it the
+    # loop builds every op input itself, so the scans are off and the logits are checked by ``broken`` (no
+    # host read per token; docs/dispatch.md).
+    with contextlib.ExitStack() as scans_off:
+        for step in range(L):
+            if step == 1:
+                scans_off.enter_context(ops.checks.values_checked_by_caller())
+            lc, lu = (logits[:B], logits[B:]) if guided else (logits, None)
+            if guided and 0 <= cfg_interval < step:
+                lu = None
+            broken |= ~(logits.amax() < float("inf"))
+            tokens[:, step] = sample_next(lc, lu, cfg_scale=cfg_scale if lu is not None else 1.0,
+                                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                          offset=step)
+            if on_token is not None:
+                on_token(step)
+            if step + 1 < L:
+                feed = tokens[:, step : step + 1].repeat(rows // B, 1)  # [rows, 1], both CFG halves
+                cache_len = prefix + step
+                logits = step_model(feed, cache_len=cache_len)[:, -1]
     model.free_cache()
+    if bool(broken):
+        raise RuntimeError("the model produced NaN or +inf logits (broken weights or inputs); the sampled tokens "
+                           "are not valid")
     if stats is not None and compiled is not None:
         stats.update(compile_s=compiled.compile_s, compiled_graphs=compiled.graphs)
     return tokens

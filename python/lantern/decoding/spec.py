@@ -351,6 +351,7 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     L = check_length(length, target.config.block_size)
     check_condition(target, cond_idx)
     check_config(config, neighbours, target.config.vocab_size)
+    _check_neighbour_ids(config, neighbours, target.config.vocab_size)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     condition_masks(target, cond_idx, emb_masks, sampling.guided)  # bad masks fail before any calibration
     # the loop creates its bookkeeping tensors on the default device; a torch.device context would make it
@@ -366,6 +367,12 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
 
 
 DRAFTS = (None, "deterministic", "sampled")
+
+
+def _check_neighbour_ids(config: SpecConfig, neighbours, vocab: int) -> None:
+    """The table's ids, scanned once before the loop (inside it the ops' value scans are off)."""
+    if config.method == "lantern" and config.k > 0 and isinstance(neighbours, torch.Tensor) and neighbours.dim() == 2:
+        ops.checks.in_range("neighbours", neighbours[:, : config.k], 0, vocab)
 
 
 def _is_int(x) -> bool:
