@@ -42,8 +42,13 @@ def _codebook_bytes(codebook: torch.Tensor) -> bytes:
 
 
 def codebook_key(codebook: torch.Tensor, K: int, normalize: bool) -> str:
-    digest = hashlib.sha256(_codebook_bytes(codebook)).hexdigest()[:16]
-    return f"neighbours-{digest}-V{codebook.shape[0]}-K{K}-{'norm' if normalize else 'raw'}"
+    return _key(table_record(codebook, K, normalize))
+
+
+def _key(record: Dict[str, str]) -> str:
+    """The cache entry's name for a table record (a prefix of the codebook's hash, V, K, normalisation)."""
+    norm = "norm" if record["normalize"] == "True" else "raw"
+    return f"neighbours-{record['codebook_sha256'][:16]}-V{record['V']}-K{record['K']}-{norm}"
 
 
 def table_record(codebook: torch.Tensor, K: int, normalize: bool) -> Dict[str, str]:
@@ -104,8 +109,8 @@ def neighbour_table(codebook: torch.Tensor, K: int, normalize: bool = True, *, d
     """int32 [V, K] for this codebook, from the disk cache when present and recorded as built from this
     codebook, K and normalisation (built and saved otherwise; a mismatching or corrupt entry is rebuilt
     with a RuntimeWarning). ``normalize=True`` matches how LlamaGen's quantiser looks codes up."""
-    path = Path(directory or cache_dir()) / (codebook_key(codebook, K, normalize) + ".safetensors")
-    record = table_record(codebook, K, normalize)
+    record = table_record(codebook, K, normalize)  # hashes the codebook once, for the name and the check
+    path = Path(directory or cache_dir()) / (_key(record) + ".safetensors")
     if not rebuild:
         table = _read_cached(path, record)
         if table is not None:

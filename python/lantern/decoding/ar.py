@@ -52,16 +52,25 @@ def check_condition(model, cond_idx) -> None:
         raise ValueError(f"cond_idx must hold at least one row (an empty batch), got shape {list(cond_idx.shape)}")
     if model.config.model_type != "c2i":
         return
-    if cond_idx.dim() != 1 or cond_idx.dtype.is_floating_point or cond_idx.dtype.is_complex \
-            or cond_idx.dtype == torch.bool:
-        raise ValueError(f"cond_idx must be integer class ids [B] for a c2i model, got {cond_idx.dtype} "
-                         f"{list(cond_idx.shape)}")
     n = model.config.num_classes
-    outside = (cond_idx < 0) | (cond_idx >= n)
+    check_class_ids("cond_idx", cond_idx, n, f"the model's num_classes = {n}; id {n} is the null class of guidance")
+
+
+def check_class_ids(name: str, ids: torch.Tensor, n: int, where: str) -> None:
+    """ids must be integer class ids [B] in [0, n); ValueError naming ``name`` otherwise (``where`` says
+    what n is). One host read."""
+    if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be integer class ids [B], got {ids.dtype} {list(ids.shape)}")
+    outside = (ids < 0) | (ids >= n)
     if bool(outside.any()):
-        bad = cond_idx[outside].unique()[:10].tolist()
-        raise ValueError(f"cond_idx: class ids must be in [0, {n}) (the model's num_classes = {n}; id {n} is "
-                         f"the null class of guidance), got {bad}")
+        raise ValueError(f"{name}: class ids must be in [0, {n}) ({where}), got {ids[outside].unique()[:10].tolist()}")
+
+
+def nonfinite_logits(logits: torch.Tensor) -> torch.Tensor:
+    """bool []: some logit is NaN or +inf (-inf is a masked token), left on the device. The decoding loops'
+    value check on what the models produce, read once with the loop's other figures (the ops' own scans
+    are off inside the loops: ``ops.checks.values_checked_by_caller``)."""
+    return ~(logits.detach().amax() < float("inf"))
 
 
 def check_length(length: Optional[int], block_size: int) -> int:
@@ -120,7 +129,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
             lc, lu = (logits[:B], logits[B:]) if guided else (logits, None)
             if guided and 0 <= cfg_interval < step:
                 lu = None
-            broken |= ~(logits.amax() < float("inf"))
+            broken |= nonfinite_logits(logits)
             tokens[:, step] = sample_next(lc, lu, cfg_scale=cfg_scale if lu is not None else 1.0,
                                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                           offset=step)

@@ -28,6 +28,7 @@ from typing import Callable, List, Optional, Sequence, Union
 import torch
 
 from .. import ops
+from .ar import check_class_ids
 
 # purposes (c0's top byte)
 PURPOSE_ORDER = 1  # the order of an image's positions
@@ -166,16 +167,6 @@ def predict_positions(model, z: torch.Tensor, z_uncond: Optional[torch.Tensor], 
     return (b, p), out
 
 
-def _check_labels(labels: torch.Tensor, class_num: int) -> None:
-    """labels must be integer class ids [B] in [0, class_num)."""
-    if labels.dim() != 1 or labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise ValueError(f"labels must be integer class ids [B], got {labels.dtype} {list(labels.shape)}")
-    outside = (labels < 0) | (labels >= class_num)
-    if bool(outside.any()):
-        raise ValueError(f"labels: class ids must be in [0, {class_num}) (the model's class_num), got "
-                         f"{labels[outside].unique()[:10].tolist()}")
-
-
 @torch.no_grad()
 def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg: float = 1.0,
                cfg_schedule: str = "linear", temperature: float = 1.0, seed: int = 0,
@@ -194,7 +185,7 @@ def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg
     if B is None or B < 1:
         raise ValueError("sample_mar needs labels [B] or batch >= 1")
     if labels is not None:
-        _check_labels(labels, cfg_.class_num)
+        check_class_ids("labels", labels, cfg_.class_num, "the model's class_num")
     if num_iter < 1:
         raise ValueError(f"num_iter must be >= 1, got {num_iter}")
     if temperature <= 0:

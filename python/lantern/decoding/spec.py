@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .ar import check_condition, check_length, condition_masks, sample_next
+from .ar import check_condition, check_length, condition_masks, nonfinite_logits, sample_next
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
 from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans
@@ -193,11 +193,11 @@ class _Loop:
             return self.progress(max_depth).tolist()
         values = torch.cat([self.progress(max_depth), last.device_values]).tolist()
         last.values = values[max_depth + 1:]
-        if last.values[3]:
+        if last.broken:
             raise RuntimeError(f"step {last.step}: the target or the drafter produced NaN or +inf logits (broken "
                                f"weights or inputs); the decoding stopped")
         if not last.plan.is_ar:
-            self.width = max(last.values[2], 1)  # the pending columns the longest row uses
+            self.width = max(last.longest, 1)  # the pending columns the longest row uses
         return values[: max_depth + 1]
 
     def _verify(self, logits, tokens, parents, depth, draft_probs, offset, drafts: bool):
@@ -223,8 +223,8 @@ class _Loop:
         result = self._verify(logits, root, self.root_parents, 0, None, step, drafts=False)
         n_emit = active.to(torch.int64)
         zeros = torch.zeros_like(n_emit)
-        self.figures = _StepFigures(AR_PLAN, step, _figures(n_emit, zeros, active, L - self.n_done, 0, _broken(logits)),
-                                    zeros, active)
+        figures = _figures(n_emit, zeros, active, L - self.n_done, 0, nonfinite_logits(logits))
+        self.figures = _StepFigures(AR_PLAN, step, figures, zeros, active)
         slot = self.n_done.clamp(max=L - 1)[:, None]
         self.out.scatter_(1, slot, torch.where(active[:, None], result.next_token[:, None], self.out.gather(1, slot)))
         self.target_len = self.target_len + self.rep(n_emit)  # the root's K/V, written by this forward, stay
@@ -274,7 +274,7 @@ class _Loop:
         # 5. commit: accepted path tokens, then next_token; never past L
         n_emit = torch.where(active, _emit_counts(result.accept_len, n_done, L), 0)  # [B]
         self.figures = _StepFigures(plan, step, _figures(n_emit, result.accept_len, active, L - n_done, plan.depth,
-                                                         _broken(logits) | _broken(root_logits)),
+                                                         nonfinite_logits(logits) | nonfinite_logits(root_logits)),
                                     result.accept_len, active)
         kept_nodes = torch.cat([torch.zeros(B, 1, dtype=torch.int64), result.path.clamp(min=0)], 1)  # [B, T]
         emitted = torch.cat([tree.tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
@@ -315,6 +315,31 @@ class _StepFigures:
     active: torch.Tensor  # [B] bool: the rows that were generating
     values: Optional[List[int]] = None  # device_values once read
 
+    # the read values by name (layout: ``_figures``)
+    @property
+    def tokens(self) -> int:
+        return self.values[0]
+
+    @property
+    def active_rows(self) -> int:
+        return self.values[1]
+
+    @property
+    def longest(self) -> int:
+        return self.values[2]
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.values[3])
+
+    @property
+    def hits(self) -> List[int]:
+        return self.values[4 : 4 + self.plan.depth]
+
+    @property
+    def trials(self) -> List[int]:
+        return self.values[4 + self.plan.depth :]
+
 
 def _figures(n_emit, accept_len, active, to_go, depth: int, broken) -> torch.Tensor:
     """int64 [4 + 2 depth]: tokens emitted, active rows, the longest row's tokens, broken logits (0/1), then
@@ -326,12 +351,6 @@ def _figures(n_emit, accept_len, active, to_go, depth: int, broken) -> torch.Ten
     trials = ((accept_len[:, None] >= d - 1) & inside).sum(0)
     head = torch.stack([n_emit.sum(), active.sum(), n_emit.max(), broken.to(torch.int64)])
     return torch.cat([head, hits, trials])
-
-
-def _broken(logits: torch.Tensor) -> torch.Tensor:
-    """bool []: some logit is NaN or +inf (-inf is a masked token). The decoding loops' one value check on
-    what the models produce, read with the step's other figures; the ops' own scans are off in the loops."""
-    return ~(logits.detach().amax() < float("inf"))
 
 
 @torch.no_grad()
@@ -351,7 +370,6 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     L = check_length(length, target.config.block_size)
     check_condition(target, cond_idx)
     check_config(config, neighbours, target.config.vocab_size)
-    _check_neighbour_ids(config, neighbours, target.config.vocab_size)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     condition_masks(target, cond_idx, emb_masks, sampling.guided)  # bad masks fail before any calibration
     # the loop creates its bookkeeping tensors on the default device; a torch.device context would make it
@@ -370,7 +388,8 @@ DRAFTS = (None, "deterministic", "sampled")
 
 
 def _check_neighbour_ids(config: SpecConfig, neighbours, vocab: int) -> None:
-    """The table's ids, scanned once before the loop (inside it the ops' value scans are off)."""
+    """The table's ids, scanned once before the loop and the calibration (inside them the ops' value scans
+    are off)."""
     if config.method == "lantern" and config.k > 0 and isinstance(neighbours, torch.Tensor) and neighbours.dim() == 2:
         ops.checks.in_range("neighbours", neighbours[:, : config.k], 0, vocab)
 
@@ -406,18 +425,18 @@ def check_config(config: SpecConfig, neighbours, vocab: int) -> None:
                          f"node), got {widths!r}")
     if config.method == "lantern" and config.k > 0 and neighbours is None:
         raise ValueError("method='lantern' needs the neighbour table (lantern.ops.latent_neighbours)")
+    _check_neighbour_ids(config, neighbours, vocab)
 
 
 def _record_step(stats: SpecStats, last: _StepFigures, draft_forwards: int, steps: list) -> int:
     """Accounts a step whose figures were read (``_Loop.sync``) -> its tokens."""
-    tokens, active_rows = last.values[0], last.values[1]
     stats.steps += 1
     stats.target_forwards += 1
     stats.draft_forwards += draft_forwards
-    stats.row_steps += active_rows
-    stats.emitted += tokens
+    stats.row_steps += last.active_rows
+    stats.emitted += last.tokens
     steps.append((last.accept_len, last.active))
-    return tokens
+    return last.tokens
 
 
 def _accept_lens(steps: list) -> list:
@@ -478,8 +497,7 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
             if last is not None:
                 tokens = _record_step(stats, last, forwards, steps)
                 if not last.plan.is_ar:
-                    depth = last.plan.depth
-                    planner.acceptance.observe(last.plan, last.values[4 : 4 + depth], last.values[4 + depth :])
+                    planner.acceptance.observe(last.plan, last.hits, last.trials)
                 # compile=True: a step's first calls of new graphs (compile included) are left out of its time
                 compiling = compiled.compile_s - compile_before if compiled is not None else 0.0
                 planner.record(decision, tokens, max(now - t_step - compiling, 0.0))
