@@ -58,7 +58,11 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                            "costs and the run's acceptance predict fastest), chain, fixed static shape (sampled "
                            "drafts), EAGLE-2 dynamic")
     spec.add_argument("--draft", choices=["deterministic", "sampled"],
-                      help="draft kind (default: sampled for static, deterministic otherwise)")
+                      help="draft kind: sampled (drawn from the drafter's distribution, kept with probability "
+                           "min(1, p/q): accepts far more on image tokens) or deterministic (the drafter's top "
+                           "tokens). Default: sampled for chains and static trees, deterministic for EAGLE-2 "
+                           "dynamic trees; with --tree auto, sampled leaves out the dynamic trees and "
+                           "deterministic the static ones")
     spec.add_argument("--depth", type=int, default=5, help="draft levels (chain length / EAGLE-2 expansions; "
                       "auto: the deepest candidate)")
     spec.add_argument("--nodes", type=int, default=58, help="EAGLE-2: drafted nodes kept per step (>= 1; for no "

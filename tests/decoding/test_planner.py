@@ -87,9 +87,28 @@ def test_acceptance_estimates_follow_the_data():
     assert model.survival(chain3) == pytest.approx([0.5, 0.25, 0.125])
     model.observe(chain3, [900, 810, 729], [1000, 900, 810])  # 0.9 per level
     assert model.level_rates(chain3) == pytest.approx([0.9] * 3, abs=0.01)
-    tree16 = next(p for p in PLANS if p.name == "tree16")
-    assert all(r > 0.9 for r in model.level_rates(tree16))  # a wider level accepts more often
+    static = next(p for p in PLANS if p.name == "static2-2-1-1")
+    assert all(r > 0.9 for r in model.level_rates(static))  # a wider level accepts more often
     assert model.expected_tokens(chain3, 10, [10, 10, 0]) == pytest.approx(10 + 10 * 0.9 + 10 * 0.81, rel=0.02)
+    # sampled chains teach nothing about top-k drafts (another family): tree16 keeps the prior's rates
+    tree16 = next(p for p in PLANS if p.name == "tree16")
+    assert model.level_rates(tree16) == pytest.approx(AcceptanceModel(prior=0.5).level_rates(tree16))
+
+
+def test_candidate_plans_by_draft_kind():
+    default = candidate_plans(3)
+    assert {p.kind for p in default} == {"ar", "chain", "static", "dynamic"}
+    assert all(p.samples for p in default if p.kind in ("chain", "static"))
+    assert not any(p.samples for p in default if p.kind == "dynamic")
+    assert all(len(p.static_widths) <= 3 for p in default if p.kind == "static")
+    sampled = candidate_plans(5, draft="sampled")
+    assert "dynamic" not in {p.kind for p in sampled}
+    top = candidate_plans(5, draft="deterministic")
+    assert "static" not in {p.kind for p in top}
+    assert not any(p.samples for p in top)
+    assert len({p.name for p in default + top}) == len(default) + len(top) - 1 - 5  # AR and trees shared
+    with pytest.raises(ValueError, match="draft"):
+        candidate_plans(3, draft="bogus")
 
 
 def test_bad_inputs_are_named():

@@ -1,12 +1,16 @@
 """The speculation planner of ``tree="auto"``: each verify step it picks the draft tree (or none: a plain AR
 step) that maximises the expected tokens per second of the rows still generating.
 
-- ``Plan``: one candidate (AR, a chain of depth d, an EAGLE-2 dynamic tree of a node budget). The candidate
-  set is small and bucketed (``candidate_plans``).
+- ``Plan``: one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2 dynamic tree of a
+  node budget). The candidate set is small and bucketed (``candidate_plans``).
 - ``AcceptanceModel``: per-plan, per-depth acceptance estimated online from the run's own verify results
-  (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans share what they learn
-  through a chain-equivalent per-depth rate: a tree of effective width e accepts depth d with probability
-  1 - (1 - b_d)^e, b_d the chain's rate, so a chain's data also informs the trees and vice versa.
+  (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans of one
+  draft family share what they learn through a chain-equivalent per-depth rate: a tree of effective width e
+  accepts depth d with probability 1 - (1 - b_d)^e, b_d the chain's rate, so a chain's data also informs the
+  trees and vice versa. The two families, sampled drafts (chains and static trees: a draft x drawn from the
+  drafter's q is kept with probability min(1, p(x)/q(x)), so a level accepts with probability 1 - TV(p, q)) and
+  deterministic drafts (top-1 chains and EAGLE-2 trees: a level accepts with probability p(top draft)), accept
+  at very different rates on a diffuse image-token distribution and are pooled separately.
 - ``Planner``: expected tokens (acceptance model) over predicted seconds (``costs.CostModel``), per plan;
   AR wins ties, so it never picks a plan its own models predict slower than AR.
 
@@ -19,6 +23,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
+# static trees of sampled drafts (``trees.static_shape``): 5, 10 and 15 nodes with the root
+STATIC_SHAPES = ((2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1))
+DRAFT_KINDS = (None, "deterministic", "sampled")
 # EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
 # few drafter forwards (depth) for small trees
 DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
@@ -34,10 +41,16 @@ class Plan:
     n_nodes: int = 0  # dynamic: drafted nodes kept
     top_per_node: int = 0  # dynamic: children per expanded node and beam width
     static_widths: Tuple[int, ...] = ()
+    sampled: bool = False  # chain: drafts drawn from the drafter's distribution (static trees always are)
 
     @property
     def is_ar(self) -> bool:
         return self.kind == "ar"
+
+    @property
+    def samples(self) -> bool:
+        """Whether the drafts are drawn from the drafter's distribution (else its top tokens)."""
+        return self.kind == "static" or (self.kind == "chain" and self.sampled)
 
     def effective_width(self) -> float:
         """How many alternatives a level offers, for the shared acceptance model (a chain: 1)."""
@@ -51,14 +64,30 @@ class Plan:
 AR_PLAN = Plan("ar", "ar")
 
 
-def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS) -> List[Plan]:
-    """AR; chains of depth 1..max_depth; EAGLE-2 trees of the bucketed node budgets (depth <= max_depth)."""
+def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS, draft: Optional[str] = None,
+                    static_shapes: Sequence[Tuple[int, ...]] = STATIC_SHAPES) -> List[Plan]:
+    """AR; chains of depth 1..max_depth; static trees of sampled drafts (``static_shapes`` no deeper than
+    max_depth); EAGLE-2 trees of the bucketed node budgets (depth <= max_depth).
+
+    draft: None (the default) samples the chains' drafts and keeps both tree kinds; "sampled" drops the
+    EAGLE-2 trees (their drafts are each node's top tokens); "deterministic" takes the chains' top-1 drafts
+    and drops the static trees (their drafts are sampled)."""
     if max_depth < 1:
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
-    plans = [AR_PLAN] + [Plan(f"chain{d}", "chain", depth=d) for d in range(1, max_depth + 1)]
-    for n in budgets:
-        depth, top = DYNAMIC_SHAPES.get(n, (max_depth, 10))
-        plans.append(Plan(f"tree{n}", "dynamic", depth=min(depth, max_depth), n_nodes=n, top_per_node=top))
+    if draft not in DRAFT_KINDS:
+        raise ValueError(f"draft must be one of {DRAFT_KINDS}, got {draft!r}")
+    sampled = draft != "deterministic"
+    prefix = "chain" if sampled else "top1chain"
+    plans = [AR_PLAN] + [Plan(f"{prefix}{d}", "chain", depth=d, sampled=sampled) for d in range(1, max_depth + 1)]
+    if draft != "deterministic":
+        for widths in static_shapes:
+            if len(widths) <= max_depth:
+                plans.append(Plan("static" + "-".join(map(str, widths)), "static", depth=len(widths),
+                                  static_widths=tuple(widths)))
+    if draft != "sampled":
+        for n in budgets:
+            depth, top = DYNAMIC_SHAPES.get(n, (max_depth, 10))
+            plans.append(Plan(f"tree{n}", "dynamic", depth=min(depth, max_depth), n_nodes=n, top_per_node=top))
     return plans
 
 
@@ -97,12 +126,15 @@ class AcceptanceModel:
                 hits[d] *= self.memory
                 trials[d] *= self.memory
 
-    def chain_rates(self, max_depth: int) -> List[float]:
-        """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level (one pass over
-        the data; a level no plan reached yet gets every level's pooled rate)."""
+    def chain_rates(self, max_depth: int, samples: bool = False) -> List[float]:
+        """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level over the plans of
+        one draft family (``samples``: sampled drafts, else top-k drafts; one pass over the data; a level no
+        plan reached yet gets every level's pooled rate)."""
         overall_n, overall = self.prior_weight, self.prior * self.prior_weight
         level_n, level = [0.0] * max_depth, [0.0] * max_depth
         for plan, (hits, trials) in self.counts.items():
+            if plan.samples != samples:
+                continue
             inv_e = 1.0 / plan.effective_width()
             for d in range(min(plan.depth, max_depth)):
                 if trials[d] <= 0:
@@ -115,13 +147,14 @@ class AcceptanceModel:
         pooled = overall / overall_n
         return [(level[d] + self.prior_weight * pooled) / (level_n[d] + self.prior_weight) for d in range(max_depth)]
 
-    def chain_rate(self, depth: int) -> float:
-        """b_d of level ``depth`` (1-based)."""
-        return self.chain_rates(depth)[depth - 1]
+    def chain_rate(self, depth: int, samples: bool = False) -> float:
+        """b_d of level ``depth`` (1-based) for the draft family ``samples``."""
+        return self.chain_rates(depth, samples)[depth - 1]
 
     def level_rates(self, plan: Plan, chain_rates: Optional[Sequence[float]] = None) -> List[float]:
-        """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1)."""
-        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth)
+        """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1). chain_rates: the plan's
+        family's b_d (computed when None)."""
+        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth, plan.samples)
         e = plan.effective_width()
         counts = self.counts.get(plan)
         rates = []
@@ -255,12 +288,14 @@ class Planner:
 
     def rates(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> List[Tuple[float, float, Plan]]:
         """(expected tokens, predicted seconds, plan) for every candidate, AR first."""
-        b = self.acceptance.chain_rates(self.max_depth)
+        b = {samples: self.acceptance.chain_rates(self.max_depth, samples)
+             for samples in {p.samples for p in self.plans if not p.is_ar}}
         ratios = self._ratios() if self.adapt_costs else None
         out = []
         for plan in self.plans:
             seconds = self.step_seconds(plan, rows, ratios)
-            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b), seconds, plan))
+            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b.get(plan.samples)),
+                        seconds, plan))
         return out
 
     def choose(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> Decision:
@@ -300,7 +335,11 @@ class Planner:
             pair[1] += self.cost_model.step_seconds(decision.plan.name, decision.rows)
 
     def summary(self) -> dict:
+        families = {p.samples for p in self.plans if not p.is_ar}
+        rates = {("sampled" if samples else "top"): [round(b, 4) for b in
+                                                     self.acceptance.chain_rates(self.max_depth, samples)]
+                 for samples in sorted(families)}
         return {"plans": {name: rec.as_dict() for name, rec in sorted(self.records.items(),
                                                                          key=lambda kv: -kv[1].steps)},
-                "chain_rate_per_depth": [round(b, 4) for b in self.acceptance.chain_rates(self.max_depth)]}
+                "chain_rate_per_depth": rates}
 

@@ -41,7 +41,9 @@ CALIBRATION_ROWS = (2, 16, 64)  # rows (2 x images with guidance) at which each 
 class SpecConfig:
     method: str = "lantern"  # "spec" (exact, δ = 0) | "lantern" (relaxed)
     tree: str = "auto"  # "auto" (planner) | "chain" | "static" | "dynamic"
-    draft: Optional[str] = None  # "deterministic" | "sampled"; default: dynamic/chain deterministic, static sampled
+    # "deterministic" | "sampled"; default: sampled for chains and static trees, top-k for EAGLE-2 dynamic trees
+    # (tree="auto": see ``planner.candidate_plans``)
+    draft: Optional[str] = None
     depth: int = 5  # draft levels below the root (chain length / EAGLE-2 expansions / static depth from widths)
     top_per_node: int = 10  # EAGLE-2: children per expanded node, and the beam width
     n_nodes: int = 58  # EAGLE-2: drafted nodes kept (plus the root)
@@ -61,20 +63,21 @@ class SpecConfig:
     compile: CompileOption = False
 
     def draft_kind(self) -> str:
+        """The drafts of an explicit tree: sampled from the drafter's distribution, or its top tokens."""
         if self.draft is not None:
             return self.draft
-        return "sampled" if self.tree == "static" else "deterministic"
+        return "deterministic" if self.tree == "dynamic" else "sampled"
 
     def fixed_plan(self) -> Plan:
         """The plan of an explicit tree (every step)."""
         if self.tree == "chain":
-            return Plan("chain", "chain", depth=self.depth)
+            return Plan("chain", "chain", depth=self.depth, sampled=self.draft_kind() == "sampled")
         if self.tree == "static":
             return Plan("static", "static", depth=len(self.static_widths), static_widths=tuple(self.static_widths))
         return Plan("dynamic", "dynamic", depth=self.depth, n_nodes=self.n_nodes, top_per_node=self.top_per_node)
 
     def candidates(self) -> List[Plan]:
-        return list(self.plans) if self.plans is not None else candidate_plans(self.depth)
+        return list(self.plans) if self.plans is not None else candidate_plans(self.depth, draft=self.draft)
 
 
 @dataclass
@@ -143,6 +146,8 @@ class _Loop:
             target, drafter, neighbours, config, sampling, L)
         self.relaxed = config.method == "lantern"
         B = self.B = cond_idx.shape[0]
+        greedy = torch.as_tensor(sampling.temperature, device=cond_idx.device) == 0  # [] or [B]
+        self.greedy_rows = greedy.expand(B) if bool(greedy.any()) else None  # read once, before the loop
         C = target.config.cond_len
         masks = condition_masks(target, cond_idx, emb_masks, sampling.guided)  # [rows, C] or None
         cond = target.double_for_cfg(cond_idx) if sampling.guided else cond_idx
@@ -252,9 +257,8 @@ class _Loop:
         root_tok = self.out.gather(1, (n_done - 1)[:, None]).squeeze(1)
         root_logits = scorer.guide(root_logits, n_done)
         # 2. grow the draft tree
-        sampled = config.draft_kind() == "sampled" and plan.kind != "dynamic"
         if plan.kind == "chain":
-            tree = grow_chain(scorer, root_tok, root_logits, root_state, plan.depth, sampled, self._process,
+            tree = grow_chain(scorer, root_tok, root_logits, root_state, plan.depth, plan.sampled, self._process,
                               s.seed, step)
         elif plan.kind == "static":
             tree = grow_static(scorer, root_tok, root_logits, root_state, static_shape(plan.static_widths),
@@ -296,9 +300,16 @@ class _Loop:
         self.n_done = n_done + n_emit
         return n_emit, result.accept_len, tree.draft_forwards
 
-    def _process(self, draft_logits):  # the drafter's sampling distribution for sampled drafts
+    def _process(self, draft_logits):
+        """The drafter's sampling distribution for sampled drafts [B, ..., V]. Greedy rows (temperature 0)
+        draw the drafter's top token (a one-hot q): greedy verification keeps a draft only if it is the
+        target's top token, so a draw from the softmax would only waste the draft."""
         s = self.s
-        return ops.process_logits(draft_logits, None, 1.0, s.temperature, s.top_k, s.top_p)
+        q = ops.process_logits(draft_logits, None, 1.0, s.temperature, s.top_k, s.top_p)
+        if self.greedy_rows is None:
+            return q
+        top = torch.zeros_like(q).scatter_(-1, draft_logits.argmax(-1, keepdim=True), 1.0)
+        return torch.where(self.greedy_rows.view(-1, *([1] * (q.dim() - 1))), top, q)
 
     def close(self) -> None:
         self.drafter.release()
@@ -532,7 +543,7 @@ def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan])
     relaxed = config.method == "lantern"
     return {"method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
             "lam": relaxed and config.lam is not None, "guided": sampling.guided, "length": L,
-            "draft": config.draft_kind(), "top_k": _positive(sampling.top_k), "top_p": _below_one(sampling.top_p),
+            "draft": config.draft, "top_k": _positive(sampling.top_k), "top_p": _below_one(sampling.top_p),
             "plans": [p.name for p in plans], "rows": list(CALIBRATION_ROWS)}
 
 
