@@ -83,5 +83,20 @@ def test_resolve_calibrates_the_real_loop_once(tmp_path, monkeypatch):
     assert set(first.points) == {"ar", "chain2"} and 2 in first.points["ar"]
     assert all(s > 0 for pts in first.points.values() for s in pts.values())
     assert first.meta["calibration_s"] < 30
+    assert set(first.acceptance) == {"top"}  # the top-1 chain's verify results, the planner's prior
+    assert len(first.acceptance["top"]) == 2 and all(0 <= r < 1 for r in first.acceptance["top"])
+    assert second.acceptance == first.acceptance  # kept in the cache file
     unguided = resolve_cost_model(target, drafter, labels, config=config)  # another mode, another entry
     assert unguided.meta["source"] == "measured"
+
+
+def test_acceptance_is_cached_and_checked(tmp_path):
+    def measure():
+        return {"points": {"ar": {2: 0.01}}, "acceptance": {"sampled": [0.8, 0.7]}}
+
+    first = costs.cached_cost_model(KEY, measure, directory=tmp_path)
+    assert costs.cached_cost_model(KEY, measure, directory=tmp_path).acceptance == {"sampled": [0.8, 0.7]}
+    assert first.acceptance == {"sampled": [0.8, 0.7]}
+    for bad in ({"sampled": [1.0]}, {"greedy": [0.5]}, {"top": [-0.1]}):
+        with pytest.raises(ValueError, match="acceptance"):
+            costs.CostModel({"ar": {2: 0.01}}, acceptance=bad)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lantern.decoding.costs import CostModel
-from lantern.decoding.planner import AR_PLAN, AcceptanceModel, Planner, candidate_plans
+from lantern.decoding.planner import AR_PLAN, AcceptanceModel, Planner, candidate_plans, measured_rates
 from planner_models import synthetic_costs
 
 PLANS = candidate_plans(5)
@@ -93,6 +93,24 @@ def test_acceptance_estimates_follow_the_data():
     # sampled chains teach nothing about top-k drafts (another family): tree16 keeps the prior's rates
     tree16 = next(p for p in PLANS if p.name == "tree16")
     assert model.level_rates(tree16) == pytest.approx(AcceptanceModel(prior=0.5).level_rates(tree16))
+
+
+def test_measured_rates_become_the_prior_of_their_family():
+    """The calibration's verify results (per plan) give per-level chain-equivalent rates per draft family;
+    as prior_rates they replace the constant prior for that family only, and the run's data still wins."""
+    chain2 = next(p for p in PLANS if p.name == "chain2")
+    rates = measured_rates({chain2: ([800, 560], [1000, 800])}, 3)  # 0.8 then 0.7
+    assert set(rates) == {"sampled"}
+    assert rates["sampled"][:2] == pytest.approx([0.8, 0.7], abs=0.01)
+    model = AcceptanceModel(prior=0.5, prior_rates=rates)
+    chain3 = next(p for p in PLANS if p.name == "chain3")
+    assert model.level_rates(chain3)[:2] == pytest.approx([0.8, 0.7], abs=0.01)
+    tree16 = next(p for p in PLANS if p.name == "tree16")
+    assert model.level_rates(tree16) == pytest.approx(AcceptanceModel(prior=0.5).level_rates(tree16))
+    model.observe(chain3, [20, 2, 0], [100, 20, 2])  # this run accepts far less
+    assert model.level_rates(chain3)[0] < 0.35
+    with pytest.raises(ValueError, match="prior_rates"):
+        AcceptanceModel(prior_rates={"sampled": [1.5]})
 
 
 def test_candidate_plans_by_draft_kind():

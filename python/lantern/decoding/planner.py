@@ -26,6 +26,7 @@ DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
 # static trees of sampled drafts (``trees.static_shape``): 5, 10 and 15 nodes with the root
 STATIC_SHAPES = ((2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1))
 DRAFT_KINDS = (None, "deterministic", "sampled")
+FAMILIES = {True: "sampled", False: "top"}  # Plan.samples -> the name of its draft family
 # EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
 # few drafter forwards (depth) for small trees
 DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
@@ -97,15 +98,21 @@ class AcceptanceModel:
     Per plan p and depth d: trials = rows that could accept depth d and accepted d - 1 (depth d existed in
     the image), hits = those that accepted d. h_p(d) = (hits + w ĥ_p(d)) / (trials + w), ĥ_p(d) the shared
     model's prediction; the shared chain-equivalent rate b_d pools every plan's data the same way against
-    ``prior`` (weight ``prior_weight`` rows)."""
+    the prior (weight ``prior_weight`` rows): ``prior_rates[family][d - 1]`` where given (the chain-equivalent
+    rates the calibration measured on these models, ``measured_rates``; family "sampled" or "top"), else
+    ``prior`` for every level."""
 
     def __init__(self, prior: float = 0.5, prior_weight: float = 8.0, plan_weight: float = 8.0,
-                 memory: float = 0.98):
+                 memory: float = 0.98, prior_rates: Optional[Dict[str, Sequence[float]]] = None):
         if not 0.0 <= prior < 1.0:
             raise ValueError(f"prior must be in [0, 1), got {prior}")
         if not 0.0 < memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {memory}")
+        for family, rates in (prior_rates or {}).items():
+            if family not in FAMILIES.values() or not all(0.0 <= float(r) < 1.0 for r in rates):
+                raise ValueError(f"prior_rates must map 'sampled' / 'top' to rates in [0, 1), got {prior_rates}")
         self.prior, self.prior_weight, self.plan_weight, self.memory = prior, prior_weight, plan_weight, memory
+        self.prior_rates = {k: [float(r) for r in v] for k, v in (prior_rates or {}).items()}
         self.counts: Dict[Plan, List[List[float]]] = {}  # plan -> [hits per depth, trials per depth]
 
     def observe(self, plan: Plan, hits: Sequence[float], trials: Sequence[float]) -> None:
@@ -130,7 +137,9 @@ class AcceptanceModel:
         """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level over the plans of
         one draft family (``samples``: sampled drafts, else top-k drafts; one pass over the data; a level no
         plan reached yet gets every level's pooled rate)."""
-        overall_n, overall = self.prior_weight, self.prior * self.prior_weight
+        measured = self.prior_rates.get(FAMILIES[samples], [])
+        prior = sum(measured) / len(measured) if measured else self.prior
+        overall_n, overall = self.prior_weight, prior * self.prior_weight
         level_n, level = [0.0] * max_depth, [0.0] * max_depth
         for plan, (hits, trials) in self.counts.items():
             if plan.samples != samples:
@@ -145,7 +154,8 @@ class AcceptanceModel:
                 level_n[d] += trials[d]
                 level[d] += trials[d] * b
         pooled = overall / overall_n
-        return [(level[d] + self.prior_weight * pooled) / (level_n[d] + self.prior_weight) for d in range(max_depth)]
+        return [(level[d] + self.prior_weight * (measured[d] if d < len(measured) else pooled)) /
+                (level_n[d] + self.prior_weight) for d in range(max_depth)]
 
     def chain_rate(self, depth: int, samples: bool = False) -> float:
         """b_d of level ``depth`` (1-based) for the draft family ``samples``."""
@@ -184,6 +194,19 @@ class AcceptanceModel:
                 break
             total += rows_reaching[d] * s
         return total
+
+
+def measured_rates(counts: Dict[Plan, Tuple[Sequence[float], Sequence[float]]], max_depth: int
+                   ) -> Dict[str, List[float]]:
+    """The chain-equivalent acceptance per level of each draft family that ``counts`` (plan -> (hits,
+    trials) per depth, e.g. from a calibration) has data for, to serve as ``prior_rates``. A level without
+    data gets the family's pooled rate (a weak 0.5 prior of one row keeps every rate in (0, 1))."""
+    model = AcceptanceModel(prior=0.5, prior_weight=1.0)
+    for plan, (hits, trials) in counts.items():
+        model.observe(plan, hits, trials)
+    families = {p.samples for p, (_, trials) in counts.items() if not p.is_ar and sum(trials) > 0}
+    return {FAMILIES[samples]: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, samples)]
+            for samples in sorted(families)}
 
 
 @dataclass
@@ -336,7 +359,7 @@ class Planner:
 
     def summary(self) -> dict:
         families = {p.samples for p in self.plans if not p.is_ar}
-        rates = {("sampled" if samples else "top"): [round(b, 4) for b in
+        rates = {FAMILIES[samples]: [round(b, 4) for b in
                                                      self.acceptance.chain_rates(self.max_depth, samples)]
                  for samples in sorted(families)}
         return {"plans": {name: rec.as_dict() for name, rec in sorted(self.records.items(),

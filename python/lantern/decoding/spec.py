@@ -29,7 +29,7 @@ from .. import ops
 from .ar import check_condition, check_length, condition_masks, nonfinite_logits, sample_next
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
-from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans
+from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans, measured_rates
 from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_shape, unguided_past_interval
 
 STATIC_WIDTHS = (6, 4, 3, 2, 1, 1)  # 56 nodes with the root
@@ -55,7 +55,8 @@ class SpecConfig:
     # tree="auto" only
     cost_model: Optional[CostModel] = None  # default: calibrated on the device (cached, see costs.py)
     plans: Optional[Sequence[Plan]] = None  # candidates; default: candidate_plans(depth)
-    acceptance_prior: float = 0.5  # per-level acceptance of a chain before the run's own data
+    # per-level acceptance of a chain before the run's own data, where the cost model has no measured rates
+    acceptance_prior: float = 0.5
     acceptance_memory: float = 0.98  # per step, the weight the acceptance data keeps (see AcceptanceModel)
     adapt_costs: bool = True  # correct the cost model by the run's step times (see Planner); False: reproducible
     # True: target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), node counts
@@ -492,7 +493,8 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
 def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model, emb_masks=None):
     t0 = time.perf_counter()
     stats = SpecStats()
-    acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory)
+    acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory,
+                                 prior_rates=cost_model.acceptance)
     planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs)
     compiled = CompileStats() if config.compile else None
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True,
@@ -542,9 +544,17 @@ def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan])
     """What, besides the device and models, changes a step's cost: the verify work and the candidates."""
     relaxed = config.method == "lantern"
     return {"method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
-            "lam": relaxed and config.lam is not None, "guided": sampling.guided, "length": L,
+            "lam": config.lam if relaxed else None, "guided": sampling.guided, "length": L,
+            # the acceptance the calibration measures depends on these (the step costs do not)
+            "delta": config.delta if relaxed else 0.0, "cfg_scale": _number(sampling.cfg_scale),
+            "temperature": _number(sampling.temperature),
             "draft": config.draft, "top_k": _positive(sampling.top_k), "top_p": _below_one(sampling.top_p),
             "plans": [p.name for p in plans], "rows": list(CALIBRATION_ROWS)}
+
+
+def _number(x):
+    """A scalar setting as a float, a per-row tensor as "per-row"."""
+    return "per-row" if isinstance(x, torch.Tensor) else float(x)
 
 
 def _positive(x) -> bool:
@@ -583,39 +593,74 @@ def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasu
 def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
               plans: Sequence[Plan], rows_grid: Sequence[int] = CALIBRATION_ROWS, reps: int = 2,
               max_point_s: float = 0.3, budget_s: float = 4.0,
-              emb_masks: Optional[torch.Tensor] = None) -> Dict[str, Dict[int, float]]:
-    """Seconds per step of every plan at each row count of ``rows_grid``: a fresh decoding state per point
-    (labels cycled from cond_idx), one untimed step (first calls, caches), then the fastest of ``reps``
-    timed steps (on a shared device, load only ever adds time). Every plan is timed at the two smallest row counts (a cost and a slope); a
-    larger one is skipped when the last point scaled by the rows would exceed ``max_point_s``, or once
-    ``budget_s`` is spent (the cost model extrapolates along the last slope)."""
+              emb_masks: Optional[torch.Tensor] = None) -> dict:
+    """{"points": seconds per step of every plan at each row count of ``rows_grid`` (labels cycled from
+    cond_idx), "acceptance": the chain-equivalent acceptance per level that the drafting steps measured
+    (``planner.measured_rates``; the planner's prior)}.
+
+    At one row count every plan steps the same decoding state in turn, round after round, as ``tree="auto"``
+    would switch between them: the steps run at the cache lengths of a real image, the drafter catches up
+    after AR steps as it does in a run, and a change of the device's load during the calibration hits
+    every plan alike. A step's time includes its host read (``_Loop.sync``). The first round is not timed (first calls, caches); a plan's point is its fastest
+    of ``reps`` timed steps (on a shared device, load only ever adds time). A fresh state starts when a
+    row finishes its image. Every plan is timed at the smallest row count; a larger one is skipped when its
+    step would exceed ``max_point_s`` (``_worth_timing``; then the cost model extrapolates along the last
+    slope, or in proportion to the rows from a single point: pessimistic), and from the third row count on
+    once ``budget_s`` is spent."""
     device = target.tok_embeddings.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     halves = 2 if sampling.guided else 1
     points: Dict[str, Dict[int, float]] = {p.name: {} for p in plans}
+    counts = {p: ([0] * p.depth, [0] * p.depth) for p in plans if not p.is_ar}  # hits, trials per depth
+    max_depth = max(p.depth for p in plans)
     t_start = time.perf_counter()
     for i, rows in enumerate(sorted(rows_grid)):
         B = max(rows // halves, 1)
         pick = torch.arange(B, device=cond_idx.device) % cond_idx.shape[0]
         labels, masks = cond_idx[pick], None if emb_masks is None else emb_masks[pick]
-        for plan in plans:
-            if i > 1:
-                measured = points[plan.name]
-                last_rows = max(measured)
-                if measured[last_rows] * B * halves / last_rows > max_point_s:
-                    continue
-                if time.perf_counter() - t_start > budget_s:
-                    continue
-            loop = _Loop(target, drafter, labels, neighbours, config, sampling, L, [plan, AR_PLAN],
-                         catch_up=True, emb_masks=masks)
-            times = []
-            for step in range(1, reps + 2):
+        todo = [p for p in plans if i == 0 or _worth_timing(points[p.name], B * halves, max_point_s, i)]
+        times: Dict[str, List[float]] = {p.name: [] for p in todo}
+        loop, step = None, 0
+        for rnd in range(reps + 1):
+            for plan in list(todo):
+                if i > 1 and time.perf_counter() - t_start > budget_s:
+                    break
+                if loop is None or bool((loop.n_done >= L).any()):  # one host read, outside any timing
+                    if loop is not None:
+                        loop.close()
+                    loop = _Loop(target, drafter, labels, neighbours, config, sampling, L, plans, catch_up=True,
+                                 emb_masks=masks)
+                step += 1
                 sync()
                 t0 = time.perf_counter()
                 with ops.checks.values_checked_by_caller():  # as in the decoding loop
                     loop.ar_step(step) if plan.is_ar else loop.spec_step(plan, step)
+                    loop.sync(max_depth, loop.figures)  # the step's host read, as in the loop
                 sync()
-                times.append(time.perf_counter() - t0)
+                seconds = time.perf_counter() - t0
+                if rnd > 0:
+                    times[plan.name].append(seconds)
+                elif i > 0 and seconds > max_point_s:
+                    todo.remove(plan)  # its untimed step already says: extrapolate instead
+                if not plan.is_ar:
+                    hits, trials = counts[plan]
+                    for d, (h, t) in enumerate(zip(loop.figures.hits, loop.figures.trials)):
+                        hits[d] += h
+                        trials[d] += t
+        if loop is not None:
             loop.close()
-            points[plan.name][B * halves] = min(times[1:])
-    return points
+        for name, measured in times.items():
+            if measured:
+                points[name][B * halves] = min(measured)
+    return {"points": points, "acceptance": measured_rates(counts, max_depth)}
+
+
+def _worth_timing(measured: Dict[int, float], rows: int, max_point_s: float, i: int) -> bool:
+    """Whether to time a plan at ``rows`` rows (the i-th row count): its step predicted from its largest
+    measured point scaled by the rows (the most a step can grow) stays within ``max_point_s`` (at the second
+    row count, where every plan needs a slope, within 4 max_point_s; an untimed first step longer than
+    max_point_s still drops it)."""
+    if not measured:
+        return False
+    last_rows = max(measured)
+    return measured[last_rows] * rows / last_rows <= max_point_s * (4 if i == 1 else 1)
