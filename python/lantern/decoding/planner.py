@@ -260,10 +260,18 @@ class Planner:
     p's by (measured_p + c r) / (predicted_p + c), r the same ratio over every drafting plan (the device
     got busier, or the calibration misjudged drafting), c one predicted step of p. AR's time is measured
     first (``choose`` probes it), so a calibration taken while the device was loaded differently is
-    corrected within a few steps. Without adapt_costs the choice depends on the models alone (reproducible)."""
+    corrected within a few steps. Without adapt_costs the choice depends on the models alone (reproducible).
+
+    ``margin``: a drafting plan is chosen only when its predicted tokens/s beat AR's by more than this
+    fraction. Near break-even (a compute-bound device, a wide batch) the prediction's errors decide, and
+    they lean one way: a drafting step's time and tokens vary more than an AR step's, so a plan predicted a
+    few percent faster is often slower."""
 
     def __init__(self, cost_model, plans: Sequence[Plan], acceptance: Optional[AcceptanceModel] = None,
-                 adapt_costs: bool = False):
+                 adapt_costs: bool = False, margin: float = 0.0):
+        if not 0.0 <= margin < 10.0:
+            raise ValueError(f"margin must be in [0, 10), got {margin}")
+        self.margin = margin
         if AR_PLAN not in plans:
             raise ValueError("the planner's candidates must include AR (the plan of last resort)")
         self.cost_model = cost_model
@@ -322,13 +330,15 @@ class Planner:
         return out
 
     def choose(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> Decision:
-        """The plan with the most expected tokens per second; AR unless another is strictly faster. With
-        adapt_costs, an AR step whose time no recent step measured is taken instead (a probe: the cheapest
-        step there is), so AR's prediction is corrected like the others'."""
+        """The plan with the most expected tokens per second; AR unless another is faster by more than
+        ``margin``. With adapt_costs, an AR step whose time no recent step measured is taken instead (a
+        probe: the cheapest step there is), so AR's prediction is corrected like the others'."""
         rates = self.rates(rows, n_active, rows_reaching)
         ar_tokens, ar_s, _ = next(r for r in rates if r[2].is_ar)
         ar_rate = ar_tokens / ar_s
         ranked = sorted(rates, key=lambda r: (-r[0] / r[1], not r[2].is_ar))  # AR first among equals
+        if not ranked[0][2].is_ar and ranked[0][0] / ranked[0][1] <= ar_rate * (1.0 + self.margin):
+            ranked.sort(key=lambda r: not r[2].is_ar)  # not enough to clear the margin: AR, then the best
         tokens, seconds, plan = ranked[0]
         second = ranked[1] if len(ranked) > 1 else None
         decision = Decision(plan, tokens, seconds, ar_rate, rows, second and second[2],

@@ -59,6 +59,7 @@ class SpecConfig:
     acceptance_prior: float = 0.5
     acceptance_memory: float = 0.98  # per step, the weight the acceptance data keeps (see AcceptanceModel)
     adapt_costs: bool = True  # correct the cost model by the run's step times (see Planner); False: reproducible
+    margin: float = 0.1  # draft only when predicted more than 10 % faster than AR (see Planner)
     # True: target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), node counts
     # padded to buckets (compiled.py); a dict: those torch.compile options
     compile: CompileOption = False
@@ -495,7 +496,8 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
     stats = SpecStats()
     acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory,
                                  prior_rates=cost_model.acceptance)
-    planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs)
+    planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs,
+                      margin=config.margin)
     compiled = CompileStats() if config.compile else None
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True,
                  emb_masks=emb_masks, compiled=compiled)
