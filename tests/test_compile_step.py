@@ -212,6 +212,8 @@ def test_cached_tree_forward_traces_as_one_graph(backend):
 
 PLANS = {
     "chain": Plan("chain3", "chain", depth=3),
+    "sampled_chain": Plan("chain3s", "chain", depth=3, sampled=True),
+    "static": Plan("static2-1-1", "static", depth=3, static_widths=(2, 1, 1)),
     "dynamic": Plan("tree8", "dynamic", depth=3, n_nodes=8, top_per_node=3),
     "ar": Plan("ar", "ar"),
 }
@@ -271,6 +273,8 @@ def assert_same_state(a: _Loop, b: _Loop) -> None:
 @pytest.mark.parametrize("backend, method, plan", [
     pytest.param("cpu", "lantern", "chain", marks=needs_extension),
     pytest.param("cpu", "spec", "dynamic", marks=needs_extension),
+    pytest.param("cpu", "lantern", "sampled_chain", marks=needs_extension),
+    pytest.param("cpu", "spec", "static", marks=needs_extension),
     ("reference", "lantern", "dynamic"),
 ])
 @torch.no_grad()

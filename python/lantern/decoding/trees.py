@@ -8,7 +8,6 @@ partial tree below the root (``Drafter.expand``), so its cache holds only commit
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -156,8 +155,17 @@ class StaticLayout:
     kid_rank: Tuple[Tuple[int, ...], ...]  # per depth d: for each node of depth d + 1, its rank among its siblings
 
 
-@functools.lru_cache(maxsize=64)
+_LAYOUTS: dict = {}  # parents -> StaticLayout (a plain dict: torch.compile traces through it, not lru_cache)
+
+
 def static_layout(parents: Tuple[int, ...]) -> StaticLayout:
+    layout = _LAYOUTS.get(parents)
+    if layout is None:
+        layout = _LAYOUTS[parents] = _layout(parents)
+    return layout
+
+
+def _layout(parents: Tuple[int, ...]) -> StaticLayout:
     T = len(parents)
     depth = [0] * T
     for c in range(1, T):
