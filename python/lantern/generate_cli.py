@@ -81,6 +81,9 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                      help="target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), "
                           "node counts padded to a few buckets; the one-off compile time is reported")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                     help="the GPT's compute dtype. auto: bfloat16 on a GPU, and on a CPU with native bf16 dot "
+                          "products (AVX512-BF16 / AMX), else float32")
     run.add_argument("--out", default="samples.png", metavar="PATH", help="image grid to write (.png, .jpg, ...; "
                      "its folder must exist)")
     run.add_argument("--json", metavar="PATH", help="also write the run's figures as JSON (.json; a figure that is "
@@ -145,17 +148,22 @@ def _load(args):
     if args.model == "tiny":
         from .pretrained import load_tiny
 
-        tiny = load_tiny(args.device)
+        tiny = load_tiny(args.device, dtype=_dtype(args))
         return tiny.gpt, tiny.vq, tiny.meta
     if not args.gpt or not args.vq:
         raise SystemExit("--model checkpoint needs --gpt PATH and --vq PATH")
     from .models import load_gpt, load_vq
 
     block = (args.image_size // 16) ** 2
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    gpt = load_gpt(args.gpt, args.gpt_name, block_size=block, device=args.device, dtype=dtype).eval()
+    gpt = load_gpt(args.gpt, args.gpt_name, block_size=block, device=args.device, dtype=_dtype(args)).eval()
     vq = load_vq(args.vq, "VQ-16", decoder_only=True, device=args.device).eval()
     return gpt, vq, {"sampling": {"cfg_scale": 4.0, "top_k": 2000}}
+
+
+def _dtype(args) -> torch.dtype:
+    from .models import decode_dtype
+
+    return decode_dtype(args.device) if args.dtype == "auto" else getattr(torch, args.dtype)
 
 
 def _drafter_and_table(args, gpt, vq):
@@ -199,7 +207,8 @@ def run_generate(args: argparse.Namespace) -> int:
     batch = _batch_size(args.batch, len(labels))
     L = gpt.config.block_size
     sampling = dict(cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p, seed=args.seed)
-    figures = dict(method=args.method, images=len(labels), batch=batch, tokens_per_image=L, **sampling, out=args.out)
+    figures = dict(method=args.method, images=len(labels), batch=batch, tokens_per_image=L, **sampling, out=args.out,
+                   dtype=str(gpt.tok_embeddings.weight.dtype).replace("torch.", ""))
     chunks = list(labels.split(batch))
     seeds = [args.seed + i for i in range(len(chunks))]
     options = {}
@@ -330,7 +339,8 @@ def _spec_figures(all_stats) -> dict:
 
 def _print_figures(f: dict, args) -> None:
     print(f"{f['images']} images x {f['tokens_per_image']} tokens in {f['wall_s']:.2f}s: "
-          f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device})")
+          f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device}, {f['dtype']}, "
+          f"{torch.get_num_threads()} threads)")
     if "compile_s" in f:
         print(f"compiled: {f['compiled_graphs']} graphs, {f['compile_s']:.2f}s of first calls (compile included) "
               f"in the wall time above")
