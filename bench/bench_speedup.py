@@ -7,7 +7,8 @@ images does not decide a ratio. Each batch size times the three methods in
 alternation (medians of ``--repeats``), so the ratios come from one run under one load. The cost model of
 ``tree="auto"`` is resolved (cached or calibrated) before the timed calls, as the CLI does.
 
-    python -m bench.bench_speedup [--quick] [--batches 1 8 40] [--repeats 3] [--tiny-dir DIR] [--json PATH]
+    python -m bench.bench_speedup [--quick] [--batches 1 8 40] [--repeats 3] [--images 10] [--clock wall|cpu]
+                                  [--tiny-dir DIR] [--json PATH]
 
 Prints per batch size: median seconds per call, the speed-ups, τ, and the plans the planner chose.
 ``python -m bench`` includes it (batches 1 and 8 with --quick).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ import lantern
 from .common import Report, interleaved_medians
 
 LANTERN = dict(method="lantern", tree="auto", k=1000, delta=0.1)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 EXACT = dict(method="spec", tree="auto")
 
 
@@ -43,7 +46,8 @@ def setup(directory=None):
     return tiny.gpt, drafter, table, sampling
 
 
-def run(report: Report, batches=(1, 8, 40), repeats: int = 3, directory=None, images: int = 10) -> dict:
+def run(report: Report, batches=(1, 8, 40), repeats: int = 3, directory=None, images: int = 10,
+        clock: str = "wall") -> dict:
     from lantern.decoding import SpecConfig, resolve_cost_model
 
     if not lantern.fused_ops("cpu").get("verify"):
@@ -73,8 +77,9 @@ def run(report: Report, batches=(1, 8, 40), repeats: int = 3, directory=None, im
                     last[name] = stats
                 return go
 
-            medians = interleaved_medians({n: call(n, o) for n, o in methods.items()}, repeats=repeats, warmup=1)
-            case = f"B={B} L={L} x{calls}"
+            medians = interleaved_medians({n: call(n, o) for n, o in methods.items()}, repeats=repeats, warmup=1,
+                                          clock=CLOCKS[clock])
+            case = f"B={B} L={L} x{calls}" + (" (cpu clock)" if clock == "cpu" else "")
             for name, seconds in medians.items():
                 extra = {} if name == "ar" else _figures(last[name])
                 report.add("speedup", case, name, seconds, **extra)
@@ -106,13 +111,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 40])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--images", type=int, default=10, help="images per timed sample (batch 1: one call each)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: the process's CPU time (one thread: an idle machine's wall time; see bench_plans)")
     parser.add_argument("--tiny-dir", default=None, help="the tiny model's folder (default: the shipped weights)")
     parser.add_argument("--json", default="bench/results/speedup.json")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load average {os.getloadavg()}")
     report = Report()
     batches, repeats = ((1, 8), 2) if args.quick else (tuple(args.batches), args.repeats)
-    run(report, batches=batches, repeats=repeats, directory=args.tiny_dir, images=args.images)
+    run(report, batches=batches, repeats=repeats, directory=args.tiny_dir, images=args.images, clock=args.clock)
     report.write(args.json)
 
 
