@@ -24,6 +24,7 @@ def main() -> None:
     bench_tree_attention.run(report, quick=args.quick)
     bench_checks.run(report, quick=args.quick)
     bench_model_costs.run(report, quick=args.quick)
+    bench_model_costs.run_dtypes(report, quick=args.quick)
     bench_decode.run(report, quick=args.quick)
     bench_speedup.run(report, batches=(1, 8) if args.quick else (1, 8, 40), repeats=2 if args.quick else 3)
     report.write(args.json)
