@@ -1,17 +1,10 @@
 """MAR's sampling loop with explicit, counter-based noise.
 
 Every random number comes from the project's Philox stream (SPEC §5, ``lantern.ops.philox_uniform``), keyed
-by what it is for, never by where it sits in a batch (``noise_counters``):
-
-    key = seed (64 bits)
-    c0  = purpose << 24 | box_muller_half << 23 | channel
-    c1  = image id (the image's index in the whole run, not its batch row)
-    c2  = token position (raster index)
-    c3  = respaced diffusion step t (x_T: 0; the order: 0; residual tries: the try number)
-
-A Gaussian is Box-Muller on two uniforms, half 0 and half 1: sqrt(-2 log(1 - u0)) cos(2 pi u1), in float32.
-So the same seed gives the same image at any batch size or composition, and two models sampling the same
-position of the same image (a drafter and a target) see the same x_T and the same eps_t.
+by what it is for, never by where it sits in a batch: (seed; purpose, Box-Muller half, channel; image id;
+token position; diffusion step), the layout of ``lantern.ops.reference.noise``. So the same seed gives the
+same image at any batch size or composition, and two models sampling the same position of the same image (a
+drafter and a target) see the same x_T and the same eps_t.
 
 The loop (``sample_mar``) is the reference's: a random order per image (argsort of one uniform per
 position), consumed from its end; the cosine mask schedule, shared by the batch; every remaining token on the
@@ -28,26 +21,11 @@ from typing import Callable, List, Optional, Sequence, Union
 import torch
 
 from .. import ops
+from ..ops.reference.noise import (MAX_CHANNELS, PURPOSE_ACCEPT, PURPOSE_EPS, PURPOSE_EPS_0,  # noqa: F401
+                                   PURPOSE_ORDER, PURPOSE_RESIDUAL, PURPOSE_X_T, box_muller, noise_counters)
 from .ar import check_class_ids
 
-# purposes (c0's top byte)
-PURPOSE_ORDER = 1  # the order of an image's positions
-PURPOSE_X_T = 2  # the diffusion chain's start
-PURPOSE_EPS = 3  # eps_t of respaced steps t = T-1 .. 1
-PURPOSE_EPS_0 = 4  # eps_0 (only with last_step_noise: CSpD's exact rule)
-PURPOSE_RESIDUAL = 5  # reserved for CSpD's residual sampler: one Gaussian per try, c3 = the try
-_HALF_BIT = 1 << 23
-MAX_CHANNELS = 1 << 23
-
 IntOrTensor = Union[int, torch.Tensor]
-
-
-def noise_counters(purpose: int, half: int, channel: IntOrTensor, image: IntOrTensor, position: IntOrTensor,
-                   step: IntOrTensor):
-    """The Philox counter (c0, c1, c2, c3) of one uniform: see the module docstring. Broadcasting int64
-    tensors (or ints); every field must fit its bits (channel < 2^23, the others < 2^32)."""
-    c0 = (purpose << 24) | (half * _HALF_BIT) | channel
-    return c0, image, position, step
 
 
 def gaussian(seed: int, purpose: int, image: torch.Tensor, position: torch.Tensor, step: IntOrTensor,
@@ -62,8 +40,7 @@ def gaussian(seed: int, purpose: int, image: torch.Tensor, position: torch.Tenso
         step = step.to(device=image.device, dtype=torch.int64)[:, None, None]  # [S, 1, 1]
     u0 = ops.philox_uniform(seed, *noise_counters(purpose, 0, channel, img, pos, step))
     u1 = ops.philox_uniform(seed, *noise_counters(purpose, 1, channel, img, pos, step))
-    u0, u1 = torch.broadcast_tensors(u0, u1)
-    return torch.sqrt(-2.0 * torch.log1p(-u0)) * torch.cos((2.0 * math.pi) * u1)
+    return box_muller(*torch.broadcast_tensors(u0, u1))
 
 
 def step_noise(seed: int, image: torch.Tensor, position: torch.Tensor, num_steps: int, channels: int,
