@@ -169,7 +169,7 @@ def test_lantern_generate_dispatches_on_family(model):
     tokens, stats = lantern.generate(model, labels, cfg_scale=2.0, seed=4, num_iter=3)
     torch.testing.assert_close(tokens, sample_mar(model, labels, cfg=2.0, seed=4, num_iter=3).tokens, atol=0, rtol=0)
     assert stats.steps == 3
-    with pytest.raises(NotImplementedError, match="continuous speculative decoding"):
+    with pytest.raises(ValueError, match="method='cspd'"):
         lantern.generate(model, labels, drafter=model)
 
 

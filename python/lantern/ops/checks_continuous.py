@@ -32,14 +32,15 @@ def check_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsi
         c.tensor("rows", rows, dtypes=c.INT_DTYPES, device=draft.device, shape=(B,))
     if positions is not None:
         c.tensor("positions", positions, dtypes=c.INT_DTYPES, device=draft.device, shape=(B, N))
-    _check_settings(rule, bandwidth, sigma_ratio, max_tries)
+    check_settings(rule, bandwidth, sigma_ratio, max_tries)
     _check_counter("seed", seed, 64)
     _check_counter("offset", offset, 32)
     if c.scan_values():
         _scan(blocks, logsig_p, logsig_q, rows, positions)
 
 
-def _check_settings(rule, bandwidth, sigma_ratio, max_tries) -> None:
+def check_settings(rule, bandwidth, sigma_ratio, max_tries) -> None:
+    """The rule and its settings (shared with lantern.decoding.CSpDConfig)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     if sigma_ratio not in SIGMA_RATIOS:
