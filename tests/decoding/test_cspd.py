@@ -15,7 +15,7 @@ from lantern import ops
 from lantern.decoding import CSpDConfig, generate_cspd, sample_mar
 from lantern.decoding.mar import tokens_per_step
 from lantern.ops.reference.continuous_verify import ContinuousVerifyResult
-from mar_testing import small_mar
+from mar_testing import recording_head_inputs, small_mar
 
 LABELS = torch.tensor([0, 3, 1, 4])
 
@@ -49,6 +49,26 @@ def test_a_blocks_first_step_sees_the_targets_context(target):
     s = out.stats
     assert s.accepted_by_block_position[0] == s.drafted_by_block_position[0] == 4 * len(LABELS)
     assert s.accepted < s.drafted  # the later steps' contexts differ, and small random models notice
+
+
+def _noise_rows(records) -> torch.Tensor:
+    """Every head row's noise (x_T and each step's eps) as one flat row [M, (T) C]."""
+    return torch.cat([torch.cat([x_T, eps.permute(1, 0, 2).flatten(1)], dim=1) for x_T, eps in records])
+
+
+@pytest.mark.parametrize("align", [True, False])
+def test_trajectory_alignment(target, drafter, align):
+    """Aligned, the target's head sees at every verified position the x_T and eps_t the drafter's head saw
+    there; align=False (the measurement knob, and the negative control) gives the drafter other noise."""
+    records = {"target": [], "drafter": []}
+    config = CSpDConfig(gamma=4, prefill=0.0, align=align)
+    with recording_head_inputs(target, records["target"]), recording_head_inputs(drafter, records["drafter"]):
+        generate_cspd(target, drafter, LABELS[:1], num_iter=8, config=config, seed=6)
+    assert len(records["target"]) == 2 and len(records["drafter"]) == 8  # 2 blocks of 4 drafted steps
+    seen_by_target, seen_by_drafter = _noise_rows(records["target"]), _noise_rows(records["drafter"])
+    assert seen_by_target.shape == seen_by_drafter.shape
+    same = (torch.cdist(seen_by_drafter, seen_by_target) == 0).any(dim=1)  # [M]: found among the target's rows
+    assert bool(same.all()) if align else not bool(same.any())
 
 
 def test_images_do_not_depend_on_the_batch(target, drafter):

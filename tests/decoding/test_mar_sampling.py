@@ -10,7 +10,7 @@ import torch
 import lantern
 from lantern.decoding import mar as mar_loop
 from lantern.decoding import sample_mar
-from mar_testing import small_mar
+from mar_testing import recording_head_inputs, small_mar
 from stats import philox_ref
 
 
@@ -101,40 +101,21 @@ def test_same_image_at_any_batch_size_and_order(model):
     assert (unkeyed - full[parts[0]]).abs().max() > 0.1
 
 
-def _record_head_inputs(model, store):
-    """Wrap the model's head so every run records, per row, x_T and the step noise it was given."""
-    original = model.diffloss.sample
-
-    def sample(z, x_T, noise, **kw):
-        T = model.diffloss.gen_diffusion.num_timesteps
-        store.append((x_T.clone(), torch.stack([noise(t) for t in range(1, T)])))
-        return original(z, x_T, noise, **kw)
-
-    model.diffloss.sample = sample
-    return original
-
-
 def test_drafter_and_target_see_the_same_noise(model):
     drafter = small_mar(9, num_sampling_steps="5", encoder_embed_dim=8, decoder_embed_dim=12, diffloss_w=16)
     labels = torch.tensor([1, 2])
     records = {}
     for name, m in (("target", model), ("drafter", drafter)):
         records[name] = []
-        original = _record_head_inputs(m, records[name])
-        try:
+        with recording_head_inputs(m, records[name]):
             out = sample_mar(m, labels, num_iter=4, cfg=1.0, seed=21)
-        finally:
-            m.diffloss.sample = original
         assert not torch.equal(out.tokens, torch.zeros_like(out.tokens))
     assert len(records["target"]) == len(records["drafter"]) == 4
     for (xt_a, eps_a), (xt_b, eps_b) in zip(records["target"], records["drafter"]):
         assert torch.equal(xt_a, xt_b) and torch.equal(eps_a, eps_b)
     other = []
-    original = _record_head_inputs(drafter, other)
-    try:
+    with recording_head_inputs(drafter, other):
         sample_mar(drafter, labels, num_iter=4, seed=22)
-    finally:
-        drafter.diffloss.sample = original
     assert not torch.equal(other[0][0], records["target"][0][0])  # negative control: another seed
 
 

@@ -44,6 +44,7 @@ class CSpDConfig:
     prefill: float = DEFAULT_PREFILL  # fraction of the MAR steps the target runs alone first
     max_tries: int = DEFAULT_MAX_TRIES  # the residual sampler's cap
     last_step_noise: Optional[bool] = None  # None: True for "exact" (required), False for "paper" (upstream)
+    align: bool = True  # False: the drafter's noise from another stream (measures trajectory alignment's effect)
 
     def resolved_last_step_noise(self) -> bool:
         return self.rule == "exact" if self.last_step_noise is None else bool(self.last_step_noise)
@@ -142,6 +143,11 @@ class CSpDSample:
     stats: CSpDStats
 
 
+def unaligned_seed(seed: int) -> int:
+    """The drafter's noise seed with align=False: another stream than the target's (and than seed + 1's)."""
+    return (seed + 0x9E3779B97F4A7C15) % 2**64
+
+
 def check_pair(target, drafter) -> None:
     """A drafter must sample the target's tokens: same sequence, channels, classes and diffusion steps (the
     aligned noise is keyed by position and step)."""
@@ -176,8 +182,9 @@ class _Block:
         self.step[b, p] = step
 
 
-class _Run:
-    """One batch of generate_cspd: the shared state of its steps."""
+class CSpDRun:
+    """One batch of generate_cspd: the shared state of its steps (pre-fill steps, a block's drafts, its
+    verification), usable step by step (the statistical tests set ``orders`` to verify copies of one context)."""
 
     def __init__(self, target, drafter, labels, B, image_ids, num_iter, config: CSpDConfig, cfg, cfg_schedule,
                  temperature, seed):
@@ -197,9 +204,10 @@ class _Run:
                                accepted_by_block_position=[0] * config.gamma,
                                drafted_by_step=[0] * num_iter, accepted_by_step=[0] * num_iter)
 
-    def _head(self, model, z, z_uncond, to_predict, mask_len):
+    def _head(self, model, z, z_uncond, to_predict, mask_len, drafting: bool = False):
         scale = cfg_scale_at(self.cfg, self.cfg_schedule, self.L, mask_len)
-        return predict_positions(model, z, z_uncond, to_predict, self.image_ids, seed=self.seed, cfg=scale,
+        seed = unaligned_seed(self.seed) if drafting and not self.config.align else self.seed
+        return predict_positions(model, z, z_uncond, to_predict, self.image_ids, seed=seed, cfg=scale,
                                  temperature=self.temperature, last_step_noise=self.last_step_noise)
 
     def prefill_step(self, tokens, mask, step):
@@ -240,7 +248,7 @@ class _Run:
             t1 = time.perf_counter()
             mask_len, mask_next, to_predict = step_positions(self.L, self.num_iter, step, mask, self.orders)
             if bool(to_predict[0].any()):
-                (b, p), out = self._head(self.drafter, z, z_uncond, to_predict, mask_len)
+                (b, p), out = self._head(self.drafter, z, z_uncond, to_predict, mask_len, drafting=True)
                 draft_tokens = draft_tokens.clone()
                 draft_tokens[b, p] = out.tokens
                 block.write(b, p, out, index, step)
@@ -320,7 +328,7 @@ def generate_cspd(target, drafter, labels: Optional[torch.Tensor], *, num_iter: 
     check_pair(target, drafter)
     num_iter = target.config.seq_len if num_iter is None else num_iter
     B, image_ids = check_sampling(target, labels, batch, num_iter, temperature, cfg_schedule, image_ids)
-    run = _Run(target, drafter, labels, B, image_ids, num_iter, config, cfg, cfg_schedule, temperature, seed)
+    run = CSpDRun(target, drafter, labels, B, image_ids, num_iter, config, cfg, cfg_schedule, temperature, seed)
     tokens = torch.zeros(B, run.L, run.C, device=run.device)
     mask = torch.ones(B, run.L, dtype=torch.bool, device=run.device)
     n_prefill = min(num_iter, math.ceil(config.prefill * num_iter))

@@ -34,6 +34,8 @@ from .noise import PURPOSE_ACCEPT, PURPOSE_RESIDUAL, box_muller, noise_counters
 from .philox import philox_uniform
 
 RULES = ("exact", "paper")
+# deliberate faults for the statistical tests' negative controls (tests/stats): the reference only
+FAULTS = ("first_proposal", "swapped_residual", "dropped_std_ratio")
 SIGMA_RATIOS = ("paper", "code")
 DEFAULT_MAX_TRIES = 1000
 
@@ -56,11 +58,13 @@ def log_gaussian(x: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor, bandwid
 
 
 def log_ratio(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule: str, bandwidth: float,
-              sigma_ratio: str) -> torch.Tensor:
+              sigma_ratio: str, faults: Tuple[str, ...] = ()) -> torch.Tensor:
     """log r [B, N] of the acceptance test (module docstring)."""
     if rule == "exact":
         return log_gaussian(draft, mu_p, sigma_p) - log_gaussian(draft, mu_q, sigma_q)
     log_sigma = logsig_q - logsig_p if sigma_ratio == "paper" else logsig_p - logsig_q
+    if "dropped_std_ratio" in faults:
+        log_sigma = torch.zeros_like(log_sigma)
     return log_sigma + (log_gaussian(draft, mu_p, sigma_p, bandwidth) - log_gaussian(draft, mu_q, sigma_q, bandwidth))
 
 
@@ -92,10 +96,15 @@ def default_keys(B: int, N: int, device: torch.device, rows: Optional[torch.Tens
 def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule: str = "exact",
                       bandwidth: float = 1.0, sigma_ratio: str = "paper", max_tries: int = DEFAULT_MAX_TRIES,
                       seed: int = 0, offset: int = 0, *, rows: Optional[torch.Tensor] = None,
-                      positions: Optional[torch.Tensor] = None) -> ContinuousVerifyResult:
+                      positions: Optional[torch.Tensor] = None, faults: Tuple[str, ...] = ()) -> ContinuousVerifyResult:
     """draft, mu_p, sigma_p, mu_q, sigma_q [B, N, C] float32; logsig_p, logsig_q [B, N] float32 (the sums of
     log-stds over the non-final steps); rows [B], positions [B, N] int64 (Philox keys, default b and n).
-    See the module docstring for the definition."""
+    See the module docstring for the definition. ``faults`` (negative controls of the statistical tests
+    only) breaks it on purpose: "first_proposal" keeps every first proposal, "swapped_residual" tests
+    proposals with max(0, 1 - p/q), "dropped_std_ratio" leaves log Sigma out of the paper rule."""
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"unknown faults {sorted(unknown)}; choose from {FAULTS}")
     B, N, C = draft.shape
     seed, offset = int(seed), int(offset)
     rows, positions = default_keys(B, N, draft.device, rows, positions)
@@ -104,7 +113,7 @@ def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, r
     x = draft.reshape(-1, C)
     mp, sp, mq, sq = (t.reshape(-1, C) for t in (mu_p, sigma_p, mu_q, sigma_q))
     log_r = log_ratio(x, mp, sp, mq, sq, logsig_p.reshape(-1), logsig_q.reshape(-1), rule, float(bandwidth),
-                      sigma_ratio)  # [M]
+                      sigma_ratio, faults)  # [M]
     u = accept_uniform(seed, row_key, pos_key, offset)
     accepted = torch.log(u) < log_r  # u = 0 always accepts a finite log r; NaN (q(x) = p(x) = 0) rejects
     tokens = x.clone()
@@ -116,8 +125,12 @@ def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, r
         xi = proposal_noise(seed, row_key[pending], pos_key[pending], offset + k, C)
         y = mp[pending] + sp[pending] * xi  # [P, C] proposals from the target's last step
         d = log_gaussian(y, mq[pending], sq[pending]) - log_gaussian(y, mp[pending], sp[pending])  # log q/p
+        if "swapped_residual" in faults:
+            d = -d
         u_k = accept_uniform(seed, row_key[pending], pos_key[pending], offset + k)
         keep = (d < 0) & (u_k < -torch.expm1(d))
+        if "first_proposal" in faults:
+            keep = torch.ones_like(keep)
         tokens[pending] = y
         tries[pending] = k
         pending = pending[~keep]
