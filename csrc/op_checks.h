@@ -199,7 +199,7 @@ inline void check_latent_neighbours(const at::Tensor& codebook, int64_t K) {
                     codebook.size(0) - 1, "], got ", K);
 }
 
-// ---- continuous_verify (CSPD.md §4) ----------------------------------------------------------------------
+// ---- continuous_verify (docs/cspd.md) ----------------------------------------------------------------------
 
 struct ContinuousVerifyDims {
   int64_t B, N, C;

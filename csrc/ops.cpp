@@ -29,7 +29,7 @@ TORCH_LIBRARY(lantern, m) {
   m.def("latent_neighbours(Tensor codebook, int K, bool normalize) -> Tensor");
   // SPEC §6. q [B, H, T, Dh]; k_cache, v_cache [B, Hkv, Lmax, Dh] (q's dtype, stride-1 last dimension);
   // cache_len int64 [B]; tree_mask int32 [B, T, ceil(T/32)] -> o [B, H, T, Dh] in q's dtype (float32 math).
-  // CSPD.md §3-§4. One call for a block of B x N continuous tokens: draft, mu_p, sigma_p, mu_q, sigma_q float32
+  // docs/cspd.md. One call for a block of B x N continuous tokens: draft, mu_p, sigma_p, mu_q, sigma_q float32
   // [B, N, C]; logsig_p, logsig_q float32 [B, N] (log-std sums over the non-final steps); rows int64 [B],
   // positions int64 [B, N] (Philox keys c1, c2); rule "exact" | "paper"; bandwidth (paper); sigma_ratio
   // "paper" | "code"; max_tries >= 1; seed, offset one-element int64 (c3 = offset + try). Returns (tokens

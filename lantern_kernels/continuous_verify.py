@@ -1,4 +1,4 @@
-"""continuous_verify (CSPD.md §3-§4) in Triton: one launch for a block of B x N continuous tokens.
+"""continuous_verify (docs/cspd.md) in Triton: one launch for a block of B x N continuous tokens.
 
 A program owns BLOCK_M tokens as a [BLOCK_M, BLOCK_C] tile (channels along the second axis). It computes every
 token's log acceptance ratio, tests the drafts, then runs the residual sampler for the rejected tokens of the

@@ -351,7 +351,7 @@ def continuous_block(seed: int, B: int, N: int, C: int, gap: float = 0.3, spread
 
 
 def assert_continuous_agree(got, want, rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    """Decisions and tries equal, tokens within float32 rounding of the math functions (CSPD.md §4)."""
+    """Decisions and tries equal, tokens within float32 rounding of the math functions (docs/cspd.md)."""
     assert torch.equal(got.accepted.cpu(), want.accepted.cpu())
     assert torch.equal(got.tries.cpu(), want.tries.cpu())
     assert got.tokens.dtype == torch.float32 and got.tries.dtype == torch.int32 and got.accepted.dtype == torch.bool

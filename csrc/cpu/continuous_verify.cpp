@@ -1,4 +1,4 @@
-// CPU kernel of lantern::continuous_verify (CSPD.md §4): every token of the block in one call, in parallel
+// CPU kernel of lantern::continuous_verify (docs/cspd.md): every token of the block in one call, in parallel
 // over tokens; the per-token test and residual sampler are lantern/continuous_verify.h (shared with CUDA).
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>

@@ -1,4 +1,4 @@
-// CUDA kernel of lantern::continuous_verify (CSPD.md §4): one launch for the block, one thread per token; the
+// CUDA kernel of lantern::continuous_verify (docs/cspd.md): one launch for the block, one thread per token; the
 // per-token test and residual sampler are lantern/continuous_verify.h (shared with the CPU kernel). The seed
 // and offset are read on the device, so the op can be captured in a CUDA graph and replayed with new ones.
 #include <ATen/ops/empty.h>

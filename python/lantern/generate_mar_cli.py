@@ -169,7 +169,7 @@ def _sample(mar, drafter, config, labels, batches, sampling: dict, args):
 
 
 def cspd_figures(stats, images: int) -> dict:
-    """The JSON figures of a CSpD run (CSPD.md §5)."""
+    """The JSON figures of a CSpD run (docs/cspd.md)."""
     return dict(
         acceptance=stats.acceptance, acceptance_by_block_position=stats.acceptance_by_block_position(),
         acceptance_by_step=stats.acceptance_by_step(), tau=stats.tokens_per_target_forward(images),

@@ -1,4 +1,4 @@
-"""generate_cspd (continuous speculative decoding, CSPD.md §2): with the target as its own drafter and one
+"""generate_cspd (continuous speculative decoding, docs/cspd.md): with the target as its own drafter and one
 step per block it is target-only MAR token for token (both rules); a block's first step, whose context is the
 target's, is always accepted; images do not depend on the batch; pre-fill, block and forward counts; the
 stats count exactly what continuous_verify reports (capped residuals included); lantern.generate's dispatch;

@@ -1,4 +1,4 @@
-"""continuous_verify (CSPD.md §3-§4) on every backend: pinned cases re-derived from the test-side Philox
+"""continuous_verify (docs/cspd.md) on every backend: pinned cases re-derived from the test-side Philox
 (the draft test, the first proposal, the cap keeping its last proposal), agreement with the reference on
 random blocks of both rules (decisions and tries exactly, tokens within float32 rounding), the Philox keys
 (rows / positions: a row's result does not depend on its batch), and bad input named in the error. The

@@ -1,4 +1,4 @@
-"""The laws of continuous_verify (CSPD.md §3), per backend, against exact laws (tests/stats/continuous.py):
+"""The laws of continuous_verify (docs/cspd.md), per backend, against exact laws (tests/stats/continuous.py):
 - rule "exact": drafts x ~ q come out distributed as the target's N(mu_p, sigma_p^2) (2 channels, 64 cells);
 - the residual sampler alone (every draft rejected): its outputs follow max(0, p - q) / Z, nothing lands where
   p <= q, and its tries are geometric with success Z, capped;
@@ -152,7 +152,7 @@ ACCEPTANCE_CASES = {  # name: (op settings, logsig_p, logsig_q)
 
 
 def written_log_r(settings: dict, logsig_p: float, logsig_q: float) -> float:
-    """CSPD.md §3 for FIXED, in float64."""
+    """docs/cspd.md for FIXED, in float64."""
     x, f = FIXED["x"], FIXED
     if settings["rule"] == "exact":
         return log_gaussian(x, f["mu_p"], f["sigma_p"]) - log_gaussian(x, f["mu_q"], f["sigma_q"])

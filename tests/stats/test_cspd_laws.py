@@ -1,4 +1,4 @@
-"""generate_cspd with rule "exact" gives each token the target's law given the verified context (CSPD.md §2.5):
+"""generate_cspd with rule "exact" gives each token the target's law given the verified context (docs/cspd.md):
 the law of the target taking the whole block in one MAR step.
 
 One context (an image after the target's pre-fill) is copied into many rows with distinct image ids, so
@@ -29,9 +29,8 @@ import pytest
 import torch
 
 import lantern
-from lantern.decoding.cspd import CSpDConfig, CSpDRun
-from lantern.decoding.mar import (cfg_scale_at, conditions, forward_guided, predict_positions, sample_orders,
-                                  tokens_per_step)
+from lantern.decoding.cspd import CSpDConfig, CSpDRun, block_from_context, one_step_from_context
+from lantern.decoding.mar import sample_orders, tokens_per_step
 from lantern.ops.reference.continuous_verify import ContinuousVerifyResult
 from lantern.ops.reference.continuous_verify import continuous_verify as reference_continuous_verify
 from mar_testing import small_mar
@@ -69,16 +68,15 @@ def far_pair():
     return target, drafter, context_of(target, drafter)
 
 
-def _run(target, drafter, ids, config):
-    run = CSpDRun(target, drafter, torch.full((len(ids),), LABEL), len(ids), ids, NUM_ITER, config, CFG, "linear",
-                  1.0, SEED)
-    run.orders = sample_orders(SEED, torch.tensor([0]), target.config.seq_len).expand(len(ids), -1)  # image 0's
-    return run
+def _order(target):
+    return sample_orders(SEED, torch.tensor([0]), target.config.seq_len)[0]  # image 0's order, shared by the copies
 
 
 def context_of(target, drafter):
     """The verified tokens [1, L, C] and mask [1, L] of image 0 after the target's pre-fill."""
-    run = _run(target, drafter, torch.tensor([0]), CSpDConfig(gamma=GAMMA))
+    ids = torch.tensor([0])
+    run = CSpDRun(target, drafter, torch.full((1,), LABEL), 1, ids, NUM_ITER, CSpDConfig(gamma=GAMMA), CFG, "linear",
+                  1.0, SEED)
     L, C = target.config.seq_len, target.config.token_embed_dim
     tokens, mask = torch.zeros(1, L, C), torch.ones(1, L, dtype=torch.bool)
     with lantern.fused("auto"):
@@ -94,27 +92,19 @@ def _copies(context, n):
 def cspd_block(target, drafter, context, config, ids):
     """The context in len(ids) rows through one drafted and verified block: (block tokens [rows, N, C], the
     block's positions [N], its last step's mask_len, acceptance)."""
-    run = _run(target, drafter, ids, config)
     tokens, mask = _copies(context, len(ids))
-    first = int(NUM_ITER * PREFILL)
-    block, _, mask_len, drafted = run.draft(tokens, mask, first, first + config.gamma)
-    out = run.verify(tokens, mask, block, mask_len, drafted)
-    positions = drafted[0].nonzero().flatten()
-    return out[:, positions], positions, mask_len, run.stats.acceptance
+    out, positions, mask_len, stats = block_from_context(
+        target, drafter, tokens, mask, _order(target), torch.full((len(ids),), LABEL), ids, num_iter=NUM_ITER,
+        first=int(NUM_ITER * PREFILL), config=config, cfg=CFG, seed=SEED)
+    return out, positions, mask_len, stats.acceptance
 
 
 def target_one_step(target, context, positions, mask_len, ids):
     """The target's own one-MAR-step sample of ``positions`` from the context, rows keyed by image ids ``ids``:
     (tokens, last-step means, last-step stds), each [rows, N, C]."""
-    n = len(ids)
-    tokens, mask = _copies(context, n)
-    z, z_uncond = forward_guided(target, tokens, mask, conditions(target, torch.full((n,), LABEL), n, CFG != 1.0))
-    to_predict = torch.zeros_like(mask)
-    to_predict[:, positions] = True
-    scale = cfg_scale_at(CFG, "linear", target.config.seq_len, mask_len)
-    _, out = predict_positions(target, z, z_uncond, to_predict, ids, seed=SEED, cfg=scale, temperature=1.0,
-                               last_step_noise=True)
-    return tuple(t.reshape(n, len(positions), -1) for t in (out.tokens, out.mean0, out.std0))
+    tokens, mask = _copies(context, len(ids))
+    return one_step_from_context(target, tokens, mask, positions, torch.full((len(ids),), LABEL), ids,
+                                 mask_len=mask_len, cfg=CFG, seed=SEED)
 
 
 def standardised_test(pair, config):

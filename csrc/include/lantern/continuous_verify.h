@@ -1,4 +1,4 @@
-// continuous_verify (CSPD.md §3-§4) for one token: the acceptance test and the bounded residual sampler,
+// continuous_verify (docs/cspd.md) for one token: the acceptance test and the bounded residual sampler,
 // shared by the CPU kernel (one token per loop iteration) and the CUDA kernel (one token per thread).
 // Torch-free, C++17. The definition is python/lantern/ops/reference/continuous_verify.py:
 //   lg(x; mu, sigma, bw) = sum_c [ -log sigma_c - 1/2 ((x_c - mu_c) / (bw sigma_c))^2 ]

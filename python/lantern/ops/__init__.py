@@ -119,7 +119,7 @@ def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, r
                       bandwidth: float = 1.0, sigma_ratio: str = "paper", max_tries: int = DEFAULT_MAX_TRIES,
                       seed: ScalarOrTensor = 0, offset: ScalarOrTensor = 0, *, rows=None,
                       positions=None) -> ContinuousVerifyResult:
-    """CSPD.md §3-§4: accept or resample a block of B x N drafted continuous tokens in one call ->
+    """docs/cspd.md: accept or resample a block of B x N drafted continuous tokens in one call ->
     (tokens [B, N, C], accepted [B, N] bool, tries [B, N] int32; tries > max_tries: the residual sampler hit
     its cap and kept a target sample). draft and both heads' last-step means / stds [B, N, C] float32, the
     log-std sums over the non-final steps [B, N]; rule "exact" | "paper" (bandwidth, sigma_ratio "paper" |

@@ -1,4 +1,4 @@
-"""Argument checks for continuous_verify (CSPD.md §4): each raises ValueError/TypeError naming the argument.
+"""Argument checks for continuous_verify (docs/cspd.md): each raises ValueError/TypeError naming the argument.
 The value scans (NaN / inf, non-positive stds, key ranges) run in eager mode only (``checks.scan_values``),
 folded into one host sync; the argument at fault is found only once something is wrong."""
 from __future__ import annotations

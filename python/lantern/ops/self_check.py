@@ -270,7 +270,7 @@ def _check_philox_uniform(kernel: Callable, reference: Callable, device: torch.d
     return None
 
 
-# ---- continuous_verify (CSPD.md §4) --------------------------------------------------------------------
+# ---- continuous_verify (docs/cspd.md) --------------------------------------------------------------------
 
 CV_B, CV_N, CV_C = 3, 4, 3
 CONTINUOUS_RTOL = 1e-5

@@ -1,4 +1,4 @@
-"""CSPD.md §3-§4: verify a block of B x N drafted continuous tokens in one call (continuous speculative
+"""docs/cspd.md: verify a block of B x N drafted continuous tokens in one call (continuous speculative
 decoding's acceptance test and residual sampler).
 
 Per token (b, n), with x = draft[b, n] and the two heads' last reverse step N(mu_p, sigma_p) (target) and
