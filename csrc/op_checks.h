@@ -7,6 +7,9 @@
 #include <ATen/ops/broadcast_tensors.h>
 #include <c10/util/Exception.h>
 #include <c10/util/string_view.h>
+#include <ATen/ops/empty.h>
+
+#include "lantern/continuous_verify.h"
 
 #include <array>
 #include <cmath>
@@ -258,6 +261,40 @@ inline ContinuousVerifyDims check_continuous_verify(
                       " must have one element on ", draft.device());
   }
   return {B, N, C};
+}
+
+// The kernels' view of a checked call: contiguous inputs, the rule, and the outputs (tokens float32 [B, N, C],
+// accepted bool [B, N], tries int32 [B, N]), allocated on draft's device.
+struct ContinuousVerifyCall {
+  ContinuousVerifyDims dims;
+  ContinuousRule rule;
+  at::Tensor x, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions;
+  at::Tensor tokens, accepted, tries;
+};
+
+inline ContinuousVerifyCall prepare_continuous_verify(
+    const at::Tensor& draft, const at::Tensor& mu_p, const at::Tensor& sigma_p, const at::Tensor& mu_q,
+    const at::Tensor& sigma_q, const at::Tensor& logsig_p, const at::Tensor& logsig_q, const at::Tensor& rows,
+    const at::Tensor& positions, c10::string_view rule, double bandwidth, c10::string_view sigma_ratio,
+    int64_t max_tries, const at::Tensor& seed, const at::Tensor& offset) {
+  const auto g = check_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions, rule,
+                                         bandwidth, sigma_ratio, max_tries, seed, offset);
+  const ContinuousRule how{rule == "paper", sigma_ratio == "code", static_cast<float>(bandwidth),
+                           static_cast<int32_t>(max_tries)};
+  return {g,
+          how,
+          draft.contiguous(),
+          mu_p.contiguous(),
+          sigma_p.contiguous(),
+          mu_q.contiguous(),
+          sigma_q.contiguous(),
+          logsig_p.contiguous(),
+          logsig_q.contiguous(),
+          rows.contiguous(),
+          positions.contiguous(),
+          at::empty({g.B, g.N, g.C}, draft.options()),
+          at::empty({g.B, g.N}, draft.options().dtype(at::kBool)),
+          at::empty({g.B, g.N}, draft.options().dtype(at::kInt))};
 }
 
 }  // namespace lantern

@@ -1,7 +1,6 @@
 // CUDA kernel of lantern::continuous_verify (docs/cspd.md): one launch for the block, one thread per token; the
 // per-token test and residual sampler are lantern/continuous_verify.h (shared with the CPU kernel). The seed
 // and offset are read on the device, so the op can be captured in a CUDA graph and replayed with new ones.
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -39,27 +38,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> continuous_verify_cuda(
     const at::Tensor& positions, c10::string_view rule, double bandwidth, c10::string_view sigma_ratio,
     int64_t max_tries, const at::Tensor& seed, const at::Tensor& offset) {
   const c10::cuda::CUDAGuard guard(draft.device());
-  const auto g = lantern::check_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows,
-                                                  positions, rule, bandwidth, sigma_ratio, max_tries, seed, offset);
-  const lantern::ContinuousRule how{rule == "paper", sigma_ratio == "code", static_cast<float>(bandwidth),
-                                    static_cast<int32_t>(max_tries)};
-  const at::Tensor x = draft.contiguous(), mp = mu_p.contiguous(), sp = sigma_p.contiguous(),
-                   mq = mu_q.contiguous(), sq = sigma_q.contiguous(), lp = logsig_p.contiguous(),
-                   lq = logsig_q.contiguous(), rk = rows.contiguous(), pk = positions.contiguous();
-  at::Tensor tokens = at::empty({g.B, g.N, g.C}, draft.options());                 // float32 [B, N, C]
-  at::Tensor accepted = at::empty({g.B, g.N}, draft.options().dtype(at::kBool));  // [B, N]
-  at::Tensor tries = at::empty({g.B, g.N}, draft.options().dtype(at::kInt));      // [B, N]
-  const int64_t M = g.B * g.N;
-  if (M == 0) return {tokens, accepted, tries};
+  auto c = lantern::prepare_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions,
+                                             rule, bandwidth, sigma_ratio, max_tries, seed, offset);
+  const int64_t M = c.dims.B * c.dims.N;
+  if (M == 0) return {c.tokens, c.accepted, c.tries};
   constexpr int kThreads = 128;
   const int blocks = static_cast<int>(std::min<int64_t>((M + kThreads - 1) / kThreads, 65536));
   continuous_verify_kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      x.data_ptr<float>(), mp.data_ptr<float>(), sp.data_ptr<float>(), mq.data_ptr<float>(), sq.data_ptr<float>(),
-      lp.data_ptr<float>(), lq.data_ptr<float>(), rk.data_ptr<int64_t>(), pk.data_ptr<int64_t>(),
-      static_cast<const uint64_t*>(seed.data_ptr()), offset.data_ptr<int64_t>(), how, tokens.data_ptr<float>(),
-      accepted.data_ptr<bool>(), tries.data_ptr<int32_t>(), M, g.N, g.C);
+      c.x.data_ptr<float>(), c.mu_p.data_ptr<float>(), c.sigma_p.data_ptr<float>(), c.mu_q.data_ptr<float>(),
+      c.sigma_q.data_ptr<float>(), c.logsig_p.data_ptr<float>(), c.logsig_q.data_ptr<float>(),
+      c.rows.data_ptr<int64_t>(), c.positions.data_ptr<int64_t>(), static_cast<const uint64_t*>(seed.data_ptr()),
+      offset.data_ptr<int64_t>(), c.rule, c.tokens.data_ptr<float>(), c.accepted.data_ptr<bool>(),
+      c.tries.data_ptr<int32_t>(), M, c.dims.N, c.dims.C);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {tokens, accepted, tries};
+  return {c.tokens, c.accepted, c.tries};
 }
 
 }  // namespace

@@ -210,23 +210,32 @@ class CSpDRun:
         return predict_positions(model, z, z_uncond, to_predict, self.image_ids, seed=seed, cfg=scale,
                                  temperature=self.temperature, last_step_noise=self.last_step_noise)
 
-    def prefill_step(self, tokens, mask, step):
-        """The target alone takes MAR step ``step``: -> (tokens, mask after the step, tokens per image)."""
-        s = self.stats
+    def _step(self, model, cond, tokens, mask, step, drafting: bool):
+        """One MAR step of ``model``: -> (mask_len, mask after the step, positions [B, L], (b, p) and the head's
+        output or None when the step predicts nothing, transformer seconds, head seconds)."""
         t0 = time.perf_counter()
-        z, z_uncond = forward_guided(self.target, tokens, mask, self.target_cond)
+        z, z_uncond = forward_guided(model, tokens, mask, cond)
         sync_device(self.device)
         t1 = time.perf_counter()
         mask_len, mask_next, to_predict = step_positions(self.L, self.num_iter, step, mask, self.orders)
-        n_new = int(to_predict[0].sum())
-        if n_new > 0:
-            (b, p), out = self._head(self.target, z, z_uncond, to_predict, mask_len)
-            tokens = tokens.clone()
-            tokens[b, p] = out.tokens
-            s.target_head_evaluations += self.T
+        rows, out = (None, None)
+        if bool(to_predict[0].any()):
+            rows, out = self._head(model, z, z_uncond, to_predict, mask_len, drafting=drafting)
         sync_device(self.device)
-        s.target_transformer_s += t1 - t0
-        s.target_head_s += time.perf_counter() - t1
+        return mask_len, mask_next, to_predict, rows, out, t1 - t0, time.perf_counter() - t1
+
+    def prefill_step(self, tokens, mask, step):
+        """The target alone takes MAR step ``step``: -> (tokens, mask after the step, tokens per image)."""
+        s = self.stats
+        _, mask_next, to_predict, rows, out, t_transformer, t_head = self._step(self.target, self.target_cond, tokens,
+                                                                                mask, step, drafting=False)
+        if out is not None:
+            tokens = tokens.clone()
+            tokens[rows] = out.tokens
+            s.target_head_evaluations += self.T
+        n_new = int(to_predict[0].sum())
+        s.target_transformer_s += t_transformer
+        s.target_head_s += t_head
         s.target_forwards += 1
         s.steps += 1
         s.prefill_steps += 1
@@ -242,24 +251,18 @@ class CSpDRun:
         draft_tokens = tokens
         mask_len = 0
         for index, step in enumerate(range(first, end)):
-            t0 = time.perf_counter()
-            z, z_uncond = forward_guided(self.drafter, draft_tokens, mask, self.drafter_cond)
-            sync_device(self.device)
-            t1 = time.perf_counter()
-            mask_len, mask_next, to_predict = step_positions(self.L, self.num_iter, step, mask, self.orders)
-            if bool(to_predict[0].any()):
-                (b, p), out = self._head(self.drafter, z, z_uncond, to_predict, mask_len, drafting=True)
+            mask_len, mask, to_predict, rows, out, t_transformer, t_head = self._step(
+                self.drafter, self.drafter_cond, draft_tokens, mask, step, drafting=True)
+            if out is not None:
                 draft_tokens = draft_tokens.clone()
-                draft_tokens[b, p] = out.tokens
-                block.write(b, p, out, index, step)
+                draft_tokens[rows] = out.tokens
+                block.write(*rows, out, index, step)
                 drafted |= to_predict
                 s.drafter_head_evaluations += self.T
-            sync_device(self.device)
-            s.drafter_transformer_s += t1 - t0
-            s.drafter_head_s += time.perf_counter() - t1
+            s.drafter_transformer_s += t_transformer
+            s.drafter_head_s += t_head
             s.drafter_forwards += 1
             s.steps += 1
-            mask = mask_next
         return block, mask, mask_len, drafted
 
     def verify(self, tokens, mask_before, block: _Block, mask_len: int, drafted):
