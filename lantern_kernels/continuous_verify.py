@@ -28,7 +28,8 @@ ACCEPT_C0: tl.constexpr = tl.constexpr(PURPOSE_ACCEPT << 24)
 RESIDUAL_C0: tl.constexpr = tl.constexpr(PURPOSE_RESIDUAL << 24)
 RESIDUAL_HALF1_C0: tl.constexpr = tl.constexpr((PURPOSE_RESIDUAL << 24) | HALF_BIT)
 TWO_PI: tl.constexpr = tl.constexpr(6.283185307179586)
-TILE_ELEMENTS = 4096  # BLOCK_M * BLOCK_C on a GPU
+TILE_ELEMENTS = 1024  # BLOCK_M * BLOCK_C on a GPU: small tiles spread a block over SMs, and a tile's residual
+# rounds last as long as its slowest token
 
 
 @_device
@@ -118,7 +119,7 @@ def _launch(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, posit
         return tokens, accepted, tries
     block_c = next_power_of_2(C)
     # the interpreter runs each program in Python, so few large programs; a GPU wants many small ones
-    block_m = next_power_of_2(M) if interpreting() else max(1, min(128, TILE_ELEMENTS // block_c))
+    block_m = next_power_of_2(M) if interpreting() else max(1, min(64, TILE_ELEMENTS // block_c))
     args = [t.contiguous() for t in (draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions)]
     grid = (triton.cdiv(M, block_m),)
     kernel = wrap_triton(_continuous_verify_kernel)[grid]

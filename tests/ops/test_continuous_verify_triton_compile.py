@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent('''
                M="i32", N="i32", C="i32", bandwidth="fp32", max_tries="i32")
     report = {}
     for paper in (False, True):
-        meta = dict(PAPER=paper, CODE_RATIO=paper, BLOCK_M=128, BLOCK_C=16)
+        meta = dict(PAPER=paper, CODE_RATIO=paper, BLOCK_M=64, BLOCK_C=16)
         full = dict(sig, **{name: "constexpr" for name in meta})
         src = ASTSource(fn=cv._continuous_verify_kernel, signature=full, constexprs=meta)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4,
