@@ -19,7 +19,7 @@ so last-step noise on both sides), fused cpu backend, one thread. All ratios com
 - the H100 projection for MAR-H drafted by MAR-B (``bench.projection.project_cspd``), labelled as such.
 
     python -m bench.bench_cspd [--quick] [--batches 1 8 32] [--gammas 4 8 16 32] [--repeats 3]
-                               [--quality-images 100] [--tiny-dir DIR] [--json PATH]
+                               [--quality-images 100] [--tiny-dir DIR] [--sections speed ...] [--json PATH]
 
 ``python -m bench`` includes it (--quick there) when the tiny MAR weights exist.
 """
@@ -219,8 +219,11 @@ def projection(report: Report, acceptance: float, batches=(1, 8, 32), gammas=(4,
     return rows
 
 
+SECTIONS = ("speed", "acceptance", "distortion", "quality", "projection")
+
+
 def run(report: Report, batches=(1, 8, 32), gammas=(4, 8, 16, 32), repeats: int = 3, quality_images: int = 100,
-        directory=None) -> dict:
+        directory=None, sections=SECTIONS) -> dict:
     from lantern.tiny_mar import TINY_MAR_DIR, WEIGHT_FILES
 
     folder = Path(directory) if directory else TINY_MAR_DIR
@@ -234,13 +237,18 @@ def run(report: Report, batches=(1, 8, 32), gammas=(4, 8, 16, 32), repeats: int 
     print(f"cspd: tiny MAR pair, num_iter {sampling['num_iter']}, cfg {sampling['cfg']} {sampling['cfg_schedule']}, "
           f"temperature {sampling['temperature']}, {target.diffloss.gen_diffusion.num_timesteps} diffusion steps, "
           f"exact rule, pre-fill {PREFILL}", flush=True)
+    summary = {}
     with torch.no_grad(), lantern.fused("cpu"):
-        summary = dict(speed=speed(report, target, drafter, batches, gammas, repeats, sampling))
-        summary["acceptance"] = acceptance_effects(report, target, drafter, sampling)
-        summary["distortion"] = distortion(report, target, drafter, sampling)
-        if quality_images:
+        if "speed" in sections:
+            summary["speed"] = speed(report, target, drafter, batches, gammas, repeats, sampling)
+        if "acceptance" in sections or "projection" in sections:
+            summary["acceptance"] = acceptance_effects(report, target, drafter, sampling)
+        if "distortion" in sections:
+            summary["distortion"] = distortion(report, target, drafter, sampling)
+        if "quality" in sections and quality_images:
             summary["quality"] = quality(report, target, drafter, vae, gammas, quality_images, sampling)
-    summary["projection"] = projection(report, summary["acceptance"]["exact"]["acceptance"], batches, gammas)
+    if "projection" in sections:
+        summary["projection"] = projection(report, summary["acceptance"]["exact"]["acceptance"], batches, gammas)
     return summary
 
 
@@ -252,13 +260,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quality-images", type=int, default=100, help="images per contender for accuracy / FD (0: none)")
     parser.add_argument("--tiny-dir", help="the tiny MAR weights (default: the package's)")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run")
     parser.add_argument("--json", default="bench/results/cspd.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.quick:
         args.batches, args.gammas, args.repeats, args.quality_images = [1, 8], [8, 32], 1, 20
     report = Report()
-    run(report, args.batches, args.gammas, args.repeats, args.quality_images, args.tiny_dir)
+    run(report, args.batches, args.gammas, args.repeats, args.quality_images, args.tiny_dir, args.sections)
     report.write(args.json)
 
 
