@@ -30,29 +30,24 @@ struct ContinuousRule {
   int32_t max_tries;  // >= 1
 };
 
-LANTERN_HOST_DEVICE LANTERN_INLINE float cv_log(float x) {
+// float32 math: CUDA's functions on the device, the C++ library's float overloads on the host.
 #if defined(__CUDA_ARCH__)
-  return logf(x);
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_log(float x) { return logf(x); }
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_expm1(float x) { return expm1f(x); }
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_log1p(float x) { return log1pf(x); }
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_cos(float x) { return cosf(x); }
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_sqrt(float x) { return sqrtf(x); }
 #else
-  return std::log(x);
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_log(float x) { return std::log(x); }
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_expm1(float x) { return std::expm1(x); }
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_log1p(float x) { return std::log1p(x); }
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_cos(float x) { return std::cos(x); }
+LANTERN_HOST_DEVICE LANTERN_INLINE float cv_sqrt(float x) { return std::sqrt(x); }
 #endif
-}
-
-LANTERN_HOST_DEVICE LANTERN_INLINE float cv_expm1(float x) {
-#if defined(__CUDA_ARCH__)
-  return expm1f(x);
-#else
-  return std::expm1(x);
-#endif
-}
 
 // A standard normal from two uniforms: sqrt(-2 log1p(-u0)) cos(2 pi u1), float32.
 LANTERN_HOST_DEVICE LANTERN_INLINE float box_muller(float u0, float u1) {
-#if defined(__CUDA_ARCH__)
-  return sqrtf(-2.0f * log1pf(-u0)) * cosf(kTwoPi * u1);
-#else
-  return std::sqrt(-2.0f * std::log1p(-u0)) * std::cos(kTwoPi * u1);
-#endif
+  return cv_sqrt(-2.0f * cv_log1p(-u0)) * cv_cos(kTwoPi * u1);
 }
 
 // lg(x; mu, sigma, bw) over C channels (x, mu, sigma contiguous).
