@@ -49,9 +49,10 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     samp.add_argument("--top-k", type=int, help="keep the top-k logits (0 = off; default: the model's, 2000 official)")
     samp.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (1 = off)")
     run = p.add_argument_group("run")
-    run.add_argument("--method", default="ar", choices=["ar", "spec", "lantern"],
-                     help="ar: one target forward per token; spec: exact speculative decoding; lantern: "
-                          "relaxed acceptance over latent neighbours (faster, bounded TV)")
+    run.add_argument("--method", default="ar", choices=["ar", "spec", "lantern", "cspd"],
+                     help="ar: one target forward per token (MAR: its own loop); spec: exact speculative decoding; "
+                          "lantern: relaxed acceptance over latent neighbours (faster, bounded TV); cspd: continuous "
+                          "speculative decoding (MAR models)")
     spec = p.add_argument_group("speculative decoding (--method spec | lantern)")
     spec.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
                       help="draft tree: auto (each step, the tree or plain AR step that the device's measured "
@@ -73,7 +74,11 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     spec.add_argument("--budget", default="candidate", choices=["candidate", "node"],
                       help="delta per candidate (upstream) or per tree node (TV <= delta guaranteed)")
     spec.add_argument("--no-ar-baseline", action="store_true",
-                      help="skip the AR run that measures speedup_vs_ar in the same process")
+                      help="skip the AR run (cspd: the target-only MAR run) that measures speedup_vs_ar in the "
+                           "same process")
+    from .generate_mar_cli import add_cspd_options
+
+    add_cspd_options(p)
     run.add_argument("--batch", type=int, metavar="N", help="generate N images at a time (default: all at once); "
                      "batch i samples with seed + i, and the AR baseline uses the same batches")
     run.add_argument("--fused", metavar="BACKEND", help="enable fused ops: auto | cpu | cuda | triton")
@@ -98,6 +103,9 @@ MODEL_OPTIONS = {
     "mar": ("mar-checkpoint",), "mar_name": ("mar-checkpoint",), "vae": ("mar-checkpoint",),
     "vae_name": ("mar-checkpoint",), "num_sampling_steps": ("mar-checkpoint",),
     "num_iter": ("tiny-mar", "mar-checkpoint"), "cfg_schedule": ("tiny-mar", "mar-checkpoint"),
+    **{name: ("tiny-mar", "mar-checkpoint") for name in ("gamma", "rule", "bandwidth", "sigma_ratio", "prefill",
+                                                         "max_tries")},
+    "mar_drafter": ("mar-checkpoint",), "mar_drafter_name": ("mar-checkpoint",),
 }
 MODEL_DEFAULTS = {"gpt_name": "GPT-XL", "image_size": 256, "mar_name": "MAR-B", "vae_name": "KL-16"}
 
@@ -191,6 +199,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from .outputs import write_json
 
     check_options(args)
+    if args.method == "cspd" and args.model not in ("tiny-mar", "mar-checkpoint"):
+        raise SystemExit("--method cspd (continuous speculative decoding) is for MAR models: --model tiny-mar or "
+                         "mar-checkpoint")
     if args.model in ("tiny-mar", "mar-checkpoint"):
         from .generate_mar_cli import run_generate_mar
 

@@ -10,6 +10,7 @@ import torch
 from .. import _backend
 from . import checks, library
 from . import reference  # noqa: F401  (registers the reference implementations)
+from .reference.continuous_verify import DEFAULT_MAX_TRIES, ContinuousVerifyResult
 from .reference.verify import VerifyResult
 
 library.reference_ops()  # declares lantern_reference::<op> now, not while torch.compile traces
@@ -24,6 +25,8 @@ __all__ = [
     "build_tree",
     "tree_attention",
     "compact_kv",
+    "ContinuousVerifyResult",
+    "continuous_verify",
 ]
 
 ScalarOrTensor = Union[int, float, torch.Tensor]
@@ -110,3 +113,20 @@ def compact_kv(cache, cache_len, path_nodes, n_keep) -> torch.Tensor:
     checks.check_compact_kv(cache, cache_len, path_nodes, n_keep)
     impl = _backend.dispatch("compact_kv", cache.device)
     return impl(cache, cache_len, path_nodes, n_keep)
+
+
+def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule: str = "exact",
+                      bandwidth: float = 1.0, sigma_ratio: str = "paper", max_tries: int = DEFAULT_MAX_TRIES,
+                      seed: ScalarOrTensor = 0, offset: ScalarOrTensor = 0, *, rows=None,
+                      positions=None) -> ContinuousVerifyResult:
+    """docs/cspd.md: accept or resample a block of B x N drafted continuous tokens in one call ->
+    (tokens [B, N, C], accepted [B, N] bool, tries [B, N] int32; tries > max_tries: the residual sampler hit
+    its cap and kept a target sample). draft and both heads' last-step means / stds [B, N, C] float32, the
+    log-std sums over the non-final steps [B, N]; rule "exact" | "paper" (bandwidth, sigma_ratio "paper" |
+    "code"); Philox keys rows [B] and positions [B, N] (default b and n). See
+    ``reference.continuous_verify`` for the definition."""
+    checks.check_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth,
+                                   sigma_ratio, max_tries, seed, offset, rows, positions)
+    impl = _backend.dispatch("continuous_verify", draft.device)
+    return impl(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth, sigma_ratio, max_tries,
+                seed, offset, rows=rows, positions=positions)

@@ -197,6 +197,7 @@ def _parents_valid(parents: torch.Tensor) -> bool:
 
 
 from .checks_verify import check_philox, check_process_logits, check_verify  # noqa: E402,F401
+from .checks_continuous import check_continuous_verify  # noqa: E402,F401
 from .checks_tree import (  # noqa: E402,F401
     check_build_tree,
     check_compact_kv,
