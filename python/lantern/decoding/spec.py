@@ -34,7 +34,7 @@ from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_sh
 
 STATIC_WIDTHS = (6, 4, 3, 2, 1, 1)  # 56 nodes with the root
 TREES = ("auto", "chain", "static", "dynamic")
-CALIBRATION_ROWS = (2, 16, 64)  # rows (2 x images with guidance) at which each plan's step is timed
+CALIBRATION_ROWS = (2, 16)  # rows (2 x images with guidance) at which each plan's step is timed, and the run's
 
 
 @dataclass
@@ -551,7 +551,7 @@ def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan])
             "delta": config.delta if relaxed else 0.0, "cfg_scale": _number(sampling.cfg_scale),
             "temperature": _number(sampling.temperature),
             "draft": config.draft, "top_k": _positive(sampling.top_k), "top_p": _below_one(sampling.top_p),
-            "plans": [p.name for p in plans], "rows": list(CALIBRATION_ROWS)}
+            "plans": [p.name for p in plans]}
 
 
 def _number(x):
@@ -588,45 +588,65 @@ def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasu
     plans = config.candidates()
     device = target.tok_embeddings.weight.device
     key = cache_key(device, target, drafter, _mode(config, sampling, L, plans))
-    return cached_cost_model(key, lambda: calibrate(target, drafter, cond_idx, neighbours, config, sampling, L,
-                                                    plans, emb_masks=emb_masks), remeasure=remeasure)
+    rows = cond_idx.shape[0] * (2 if sampling.guided else 1)
+    grid = sorted(set(CALIBRATION_ROWS) | {rows})
+
+    def measure(missing, known):
+        return calibrate(target, drafter, cond_idx, neighbours, config, sampling, L, plans, rows_grid=missing,
+                         known=known, emb_masks=emb_masks)
+
+    return cached_cost_model(key, measure, rows=grid, remeasure=remeasure)
 
 
 def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
               plans: Sequence[Plan], rows_grid: Sequence[int] = CALIBRATION_ROWS, reps: int = 2,
-              max_point_s: float = 0.3, budget_s: float = 4.0,
+              max_point_s: float = 0.3, known: Optional[CostModel] = None,
               emb_masks: Optional[torch.Tensor] = None) -> dict:
-    """{"points": seconds per step of every plan at each row count of ``rows_grid`` (labels cycled from
+    """{"points": seconds per step of the plans at each row count of ``rows_grid`` (labels cycled from
     cond_idx), "acceptance": the chain-equivalent acceptance per level that the drafting steps measured
-    (``planner.measured_rates``; the planner's prior)}.
+    (``planner.measured_rates``; the planner's prior)}. ``known``: a cost model already measured at other row
+    counts, which this calibration extends.
 
     At one row count every plan steps the same decoding state in turn, round after round, as ``tree="auto"``
     would switch between them: the steps run at the cache lengths of a real image, the drafter catches up
     after AR steps as it does in a run, and a change of the device's load during the calibration hits
-    every plan alike. A step's time includes its host read (``_Loop.sync``). The first round is not timed (first calls, caches); a plan's point is its fastest
-    of ``reps`` timed steps (on a shared device, load only ever adds time). A fresh state starts when a
-    row finishes its image. Every plan is timed at the smallest row count; a larger one is skipped when its
-    step would exceed ``max_point_s`` (``_worth_timing``; then the cost model extrapolates along the last
-    slope, or in proportion to the rows from a single point: pessimistic), and from the third row count on
-    once ``budget_s`` is spent."""
+    every plan alike; an AR step runs before each drafting plan's, so AR, the reference, is timed often and
+    next to every plan. A step's time includes its host read (``_Loop.sync``). The first round is not timed
+    (first calls, caches); a plan's point is its fastest of ``reps`` timed steps (on a shared device, load
+    only ever adds time). A fresh state starts when a row finishes its image. At the smallest row count every
+    plan is timed; at a larger one only the plans that could still pay: those no slower than AR at the next
+    smaller measured row count (by the acceptance measured so far; a drafting step grows with the rows faster
+    than an AR step), whose step would not exceed 4 ``max_point_s`` (``_worth_timing``, and the untimed
+    step). The cost model extrapolates the others along their last slope (pessimistic for them)."""
     device = target.tok_embeddings.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     halves = 2 if sampling.guided else 1
-    points: Dict[str, Dict[int, float]] = {p.name: {} for p in plans}
+    points: Dict[str, Dict[int, float]] = {p.name: dict(known.points.get(p.name, {})) if known else {} for p in plans}
     counts = {p: ([0] * p.depth, [0] * p.depth) for p in plans if not p.is_ar}  # hits, trials per depth
     max_depth = max(p.depth for p in plans)
-    t_start = time.perf_counter()
-    for i, rows in enumerate(sorted(rows_grid)):
+    new_rows = set()
+    for rows in sorted(rows_grid):
         B = max(rows // halves, 1)
+        rows = B * halves
         pick = torch.arange(B, device=cond_idx.device) % cond_idx.shape[0]
         labels, masks = cond_idx[pick], None if emb_masks is None else emb_masks[pick]
-        todo = [p for p in plans if i == 0 or _worth_timing(points[p.name], B * halves, max_point_s, i)]
+        smaller = [r for r in points[AR_PLAN.name] if r < rows]
+        if smaller:
+            acceptance = measured_rates(counts, max_depth) if any(sum(t) for _, t in counts.values()) else \
+                (known.acceptance if known else {})
+            todo = [p for p in plans if p.is_ar or (_worth_timing(points[p.name], rows, max_point_s)
+                                                   and _could_pay(p, points, max(smaller), halves, acceptance))]
+        else:
+            todo = list(plans)
         times: Dict[str, List[float]] = {p.name: [] for p in todo}
         loop, step = None, 0
         for rnd in range(reps + 1):
-            for plan in list(todo):
-                if i > 1 and time.perf_counter() - t_start > budget_s:
-                    break
+            # AR, the reference every plan is compared with, before each drafting plan: many samples, and
+            # each one next to a plan's
+            order = [q for p in todo if not p.is_ar for q in (AR_PLAN, p)] or [AR_PLAN]
+            for plan in order:
+                if plan not in todo:
+                    continue
                 if loop is None or bool((loop.n_done >= L).any()):  # one host read, outside any timing
                     if loop is not None:
                         loop.close()
@@ -642,7 +662,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                 seconds = time.perf_counter() - t0
                 if rnd > 0:
                     times[plan.name].append(seconds)
-                elif i > 0 and seconds > max_point_s:
+                elif smaller and seconds > 4 * max_point_s and not plan.is_ar:
                     todo.remove(plan)  # its untimed step already says: extrapolate instead
                 if not plan.is_ar:
                     hits, trials = counts[plan]
@@ -653,16 +673,56 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
             loop.close()
         for name, measured in times.items():
             if measured:
-                points[name][B * halves] = min(measured)
-    return {"points": points, "acceptance": measured_rates(counts, max_depth)}
+                points[name][rows] = min(measured)
+                new_rows.add(rows)
+    _nested_min(points, plans)
+    fresh = {name: {r: s for r, s in by_rows.items() if r in new_rows} for name, by_rows in points.items()}
+    return {"points": {name: by_rows for name, by_rows in fresh.items() if by_rows},
+            "acceptance": measured_rates(counts, max_depth)}
 
 
-def _worth_timing(measured: Dict[int, float], rows: int, max_point_s: float, i: int) -> bool:
-    """Whether to time a plan at ``rows`` rows (the i-th row count): its step predicted from its largest
-    measured point scaled by the rows (the most a step can grow) stays within ``max_point_s`` (at the second
-    row count, where every plan needs a slope, within 4 max_point_s; an untimed first step longer than
-    max_point_s still drops it)."""
-    if not measured:
+def _contains(big: Plan, small: Plan) -> bool:
+    """Whether a step of ``big`` does all the work of a step of ``small`` and more (same kind of drafts, a
+    tree that holds small's, at least as many drafter calls); every step contains an AR step."""
+    if small.is_ar:
+        return True
+    if big.kind != small.kind or big.samples != small.samples or big.depth < small.depth:
         return False
-    last_rows = max(measured)
-    return measured[last_rows] * rows / last_rows <= max_point_s * (4 if i == 1 else 1)
+    if big.kind == "dynamic":
+        return big.n_nodes >= small.n_nodes and big.top_per_node >= small.top_per_node
+    if big.kind == "static":
+        return all(b >= w for b, w in zip(big.static_widths, small.static_widths))
+    return True  # chains
+
+
+def _nested_min(points: Dict[str, Dict[int, float]], plans: Sequence[Plan]) -> None:
+    """Load on a shared device only adds time, and a step never costs more than a step that does all of its
+    work and more (``_contains``), nor more than itself at a larger row count: ``points`` is lowered in
+    place to the least such bound of the measured times."""
+    measured = {p.name: dict(points[p.name]) for p in plans}
+    for p in plans:
+        for rows in points[p.name]:
+            points[p.name][rows] = min(measured[q.name][r] for q in plans if _contains(q, p)
+                                       for r in measured[q.name] if r >= rows)
+
+
+def _could_pay(plan: Plan, points: Dict[str, Dict[int, float]], rows: int, halves: int, acceptance) -> bool:
+    """Whether ``plan`` was predicted no slower than AR at ``rows`` rows (both measured there), with every
+    row drafting every level and the acceptance rates measured so far."""
+    if rows not in points[plan.name]:
+        return False
+    model = AcceptanceModel(prior_rates=acceptance)
+    B = max(rows // halves, 1)
+    tokens = model.expected_tokens(plan, B, [B] * plan.depth)
+    return tokens / points[plan.name][rows] >= B / points[AR_PLAN.name][rows]
+
+
+def _worth_timing(measured: Dict[int, float], rows: int, max_point_s: float) -> bool:
+    """Whether to time a plan at ``rows`` rows: its step predicted from its largest smaller measured point
+    scaled by the rows (the most a step can grow) stays within 4 ``max_point_s`` (an untimed first step
+    longer than max_point_s still drops it)."""
+    smaller = [r for r in measured if r < rows]
+    if not smaller:
+        return False
+    last_rows = max(smaller)
+    return measured[last_rows] * rows / last_rows <= 4 * max_point_s
