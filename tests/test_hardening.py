@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 
+import backends
 from lantern.cli import main
 from lantern.models import load_gpt, load_vq
 from lantern.models.loading import read_state_dict
@@ -30,6 +31,79 @@ def within(seconds, fn, *args, **kwargs):
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+BACKENDS = backends.params(backends.NAMES)  # reference, cpu, cuda, triton (skipped, with the reason, if unusable)
+
+
+# -- 1: compact_kv with an input in the memory it writes --------------------------------------------------
+
+def _aliased_inputs(which):
+    """The issue's reproducer: a float64 cache whose first element is read as ``which`` (cache_len, n_keep or
+    path_nodes), int64 views of the cache's own memory; the copy would overwrite them mid-way."""
+    cache = torch.zeros(4, 1, 1, 8, 1, dtype=torch.float64)
+    cache[0, 0, 0, 1, 0] = 1e300
+    alias = cache.view(-1)[:2].view(torch.int64)  # [2] int64 in the cache's first 16 bytes
+    args = dict(cache_len=torch.tensor([1]), path_nodes=torch.tensor([[1, 0]]), n_keep=torch.tensor([1]))
+    if which == "cache_len":
+        args["cache_len"] = alias[:1]  # holds 0 (the cache's first element)
+    elif which == "n_keep":
+        alias[:1] = 1
+        args["n_keep"] = alias[:1]
+    else:
+        alias[0], alias[1] = 1, 0
+        args["path_nodes"] = alias.view(1, 2)
+    return cache, args
+
+
+@pytest.mark.parametrize("which", ["cache_len", "n_keep", "path_nodes"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_1_compact_kv_rejects_inputs_in_the_cache(backend, which):
+    import lantern
+    from lantern import ops
+
+    cache, args = _aliased_inputs(which)
+    before = cache.clone()
+    with lantern.fused(backend), pytest.raises(ValueError, match=f"{which} overlaps the memory of cache"):
+        ops.compact_kv(cache, **args)
+    assert torch.equal(cache, before)  # untouched
+
+
+@pytest.mark.parametrize("which", ["cache_len", "n_keep", "path_nodes"])
+@pytest.mark.parametrize("kernel", ["lantern", "lantern_triton"])
+def test_1_compact_kv_kernels_called_directly_reject_aliasing(kernel, which):
+    """The kernels behind the checks (torch.ops.lantern.compact_kv: cpu, cuda; lantern_triton: triton) refuse
+    the overlap themselves: before, the cpu kernel re-read cache_len after overwriting it and crashed."""
+    name = {"lantern": "cpu", "lantern_triton": "triton"}[kernel]
+    if backends.why_unavailable(name) is not None:
+        pytest.skip(f"backend {name!r} is unavailable: {backends.why_unavailable(name)}")
+    import lantern
+
+    lantern.enable_fused("reference")  # loads the fused ops without using them
+    cache, args = _aliased_inputs(which)
+    before = cache.clone()
+    with pytest.raises(ValueError, match=f"{which} overlaps the memory of cache"):
+        getattr(torch.ops, kernel).compact_kv(cache, args["cache_len"], args["path_nodes"], args["n_keep"])
+    assert torch.equal(cache, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_1_compact_kv_separate_memory_and_grad(backend):
+    """Neighbouring (not overlapping) memory is accepted and moves what it should; a cache that requires grad
+    is refused on every backend (it is modified in place)."""
+    import lantern
+    from lantern import ops
+
+    buffer = torch.arange(10, dtype=torch.float64)
+    cache = buffer[:8].view(1, 1, 8, 1)  # B = 1, Hkv = 1, Lmax = 8, Dh = 1
+    lengths = buffer[8:].view(torch.int64)[:1]  # int64 view of the next 8 bytes: outside the cache's span
+    lengths.fill_(2)
+    with lantern.fused(backend):
+        new_len = ops.compact_kv(cache, lengths, torch.tensor([[0, 3]]), torch.tensor([2]))
+        assert new_len.tolist() == [4] and cache.flatten()[:6].tolist() == [0, 1, 2, 5, 4, 5]
+        leaf = torch.zeros(1, 1, 8, 1, requires_grad=True)
+        with pytest.raises(ValueError, match="cache must not require grad"):
+            ops.compact_kv(leaf, torch.tensor([0]), torch.tensor([[0]]), torch.tensor([1]))
 
 
 # -- 2: a checkpoint whose wrapper contains itself -------------------------------------------------------

@@ -34,6 +34,35 @@ def tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Sequenc
             raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
 
 
+def memory_span(t: torch.Tensor):
+    """[first byte, one past the last byte) of the elements of ``t`` (torch strides are never negative), or
+    None when ``t`` holds no elements or has no real memory (meta tensors, or fake tensors while
+    torch.compile traces)."""
+    if t.numel() == 0 or t.device.type == "meta" or torch.compiler.is_compiling():
+        return None
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))  # elements from the first to the last
+    start = t.data_ptr()
+    return start, start + (extent + 1) * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of ``a`` and ``b`` intersect (on one device). Conservative: two strided views
+    that interleave without sharing an element count as overlapping."""
+    if a.device != b.device:
+        return False
+    span_a, span_b = memory_span(a), memory_span(b)
+    return span_a is not None and span_b is not None and span_a[0] < span_b[1] and span_b[0] < span_a[1]
+
+
+def not_overlapping(output_name: str, output: torch.Tensor, **inputs: torch.Tensor) -> None:
+    """An op that writes ``output`` in place must not read an input from the same memory: a kernel that
+    overwrites its own lengths or indices mid-copy reads garbage (and may leave the tensor)."""
+    for name, t in inputs.items():
+        if overlaps(output, t):
+            raise ValueError(f"{name} overlaps the memory of {output_name}, which the op modifies in place; "
+                             f"pass a copy ({name}.clone())")
+
+
 _caller = threading.local()
 
 

@@ -127,7 +127,8 @@ def _mask_words(T: int, device: torch.device):
 
 
 def check_compact_kv(cache, cache_len, path_nodes, n_keep) -> None:
-    """cache contiguous float [..., B, Hkv, Lmax, Dh]; cache_len int64 [B] in [0, Lmax]; path_nodes int64
+    """cache contiguous float [..., B, Hkv, Lmax, Dh], not requiring grad and sharing no memory with the
+    other arguments; cache_len int64 [B] in [0, Lmax]; path_nodes int64
     [B, P]; n_keep int64 [B] in [0, P] with cache_len + n_keep <= Lmax; every path_nodes entry is -1 or
     a tree node whose position fits (cache_len + node < Lmax), and entries i < n_keep are not -1."""
     c.tensor("cache", cache, dtypes=c.FLOAT_DTYPES)
@@ -141,6 +142,9 @@ def check_compact_kv(cache, cache_len, path_nodes, n_keep) -> None:
     c.tensor("path_nodes", path_nodes, ndim=2, dtypes=(torch.int64,), device=dev)
     c.tensor("path_nodes", path_nodes, shape=[B, None])
     c.tensor("n_keep", n_keep, shape=[B], dtypes=(torch.int64,), device=dev)
+    if cache.requires_grad:
+        raise ValueError("cache must not require grad: compact_kv modifies it in place (pass cache.detach())")
+    c.not_overlapping("cache", cache, cache_len=cache_len, path_nodes=path_nodes, n_keep=n_keep)
     P = path_nodes.shape[1]
     if not c.scan_values():
         return
