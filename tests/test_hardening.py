@@ -1,6 +1,7 @@
 """Regression tests of issue 16 ("Hardening"): each test is named after the defect number it covers
 (docs/hardening.md lists them)."""
 import hashlib
+import math
 import threading
 import warnings
 
@@ -104,6 +105,156 @@ def test_1_compact_kv_separate_memory_and_grad(backend):
         leaf = torch.zeros(1, 1, 8, 1, requires_grad=True)
         with pytest.raises(ValueError, match="cache must not require grad"):
             ops.compact_kv(leaf, torch.tensor([0]), torch.tensor([[0]]), torch.tensor([1]))
+
+
+# -- 6 / 8 / 10: processed logits that are no distribution, settings the kernels cannot represent --------
+
+def _one_node(logits, **kwargs):
+    """verify with one node per row (the root): every row's P_0 is computed and sampled from."""
+    from lantern import ops
+
+    B = logits.shape[0]
+    return ops.verify(logits, torch.zeros(B, 1, dtype=torch.int64), torch.full((B, 1), -1), **kwargs)
+
+
+def _rows_of(logits):
+    return logits.reshape(-1, logits.shape[-1])
+
+
+def _overflowing_cases():
+    """(logits [B, 1, V], verify / process_logits settings) whose processed logits overflow float32 (#6)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 1, 8)
+    near_max = torch.full((1, 1, 4), 3e38)
+    near_max[0, 0, 3] = 3.3e38
+    return {
+        "tiny-temperature": (10 * x, dict(temperature=1e-38)),
+        "guidance-difference": (near_max, dict(uncond_logits=-near_max, cfg_scale=0.0)),  # 0 * inf
+        "guidance-scale": (10 * x, dict(uncond_logits=-10 * x, cfg_scale=1e38)),
+        "per-row-temperature": (10 * x, dict(temperature=torch.tensor([1.0, 1e-38]))),
+        "float64-logits": (10 * x.double(), dict(temperature=1e-38)),  # fine in float64, not in float32
+    }
+
+
+@pytest.mark.parametrize("case", list(_overflowing_cases()))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_6_overflowing_guidance_or_temperature_raises(backend, case):
+    import lantern
+    from lantern import ops
+
+    logits, settings = _overflowing_cases()[case]
+    with lantern.fused(backend):
+        with pytest.raises(ValueError, match="guidance and temperature overflow float32"):
+            _one_node(logits, **settings)
+        with pytest.raises(ValueError, match="guidance and temperature overflow float32"):
+            ops.process_logits(_rows_of(logits), **{k: _rows_of(v) if k == "uncond_logits" else v
+                                                    for k, v in settings.items()})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_6_large_but_finite_processed_logits_agree(backend):
+    """Just inside the bound: logits / 1e-30 and a guidance scale of 1e30 stay finite in float32, run, and
+    give the reference's tokens (the largest guided logit wins every row)."""
+    import lantern
+
+    torch.manual_seed(1)
+    logits, uncond = torch.randn(6, 1, 32), torch.randn(6, 1, 32)
+    cases = [dict(temperature=1e-30), dict(uncond_logits=uncond, cfg_scale=1e30),
+             dict(uncond_logits=uncond, cfg_scale=-1e30, temperature=0.0)]
+    for settings in cases:
+        with lantern.fused("reference"):
+            want = _one_node(logits, **settings)
+        with lantern.fused(backend):
+            got = _one_node(logits, **settings)
+        guided = logits if "uncond_logits" not in settings else uncond + settings["cfg_scale"] * (logits - uncond)
+        assert torch.equal(got.next_token, want.next_token)
+        assert torch.equal(want.next_token, guided[:, 0].argmax(-1))
+
+
+def _masked_cases():
+    """(logits [2, 2, 8], extra settings): a node whose tokens are all masked (#8)."""
+    torch.manual_seed(2)
+    logits = torch.randn(2, 2, 8)
+    all_masked = logits.clone()
+    all_masked[1, 1] = -math.inf  # row 1's node 1: a padding node, never visited by the walk
+    lc, lu = logits.clone(), logits.clone()
+    lc[0, 0, :4] = -math.inf
+    lu[0, 0, 4:] = -math.inf  # every token masked in one of the two: nothing left after guidance
+    return {"all--inf": (all_masked, {}), "all--inf-top-p": (all_masked, dict(top_p=0.5)),
+            "masked-by-guidance": (lc, dict(uncond_logits=lu, cfg_scale=2.0))}
+
+
+@pytest.mark.parametrize("case", list(_masked_cases()))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_8_every_token_masked_raises(backend, case):
+    """Before, process_logits and the reference verify failed with an IndexError under top_p < 1 and cpu /
+    triton returned tokens; now every backend raises the same ValueError, even for a node the walk skips."""
+    import lantern
+    from lantern import ops
+
+    logits, settings = _masked_cases()[case]
+    tokens = torch.tensor([[3, 1], [2, -1]])
+    parents = torch.tensor([[-1, 0], [-1, -1]])  # row 1's node 1 is padding
+    with lantern.fused(backend):
+        with pytest.raises(ValueError, match="has every token masked"):
+            ops.verify(logits, tokens, parents, **settings)
+        with pytest.raises(ValueError, match="has every token masked"):
+            ops.process_logits(logits, **settings)
+
+
+UNREPRESENTABLE = [
+    (dict(temperature=1e300), "temperature must be finite in float32"),
+    (dict(temperature=torch.tensor([1.0, 1e300], dtype=torch.float64)), "temperature must be finite in float32"),
+    (dict(temperature=1e-300), "rounds to 0"),
+    (dict(cfg_scale=1e300), "cfg_scale must be finite in float32"),
+    (dict(cfg_scale=10**400), "cfg_scale must be finite"),
+    (dict(top_k=2**63), r"top_k must be in \[0, 2\^63\)"),
+    (dict(top_k=torch.tensor([2**64 - 1, 1], dtype=torch.uint64)), r"top_k must be in \[0, 2\^63\)"),
+    (dict(delta=1e300), "delta must be a number >= 0, finite in float32"),
+    (dict(lam=1e300), "lam must be a number >= 1"),
+    (dict(temperature=1.0, logits_scale=1e300), "beyond float32's range"),  # float64 logits
+]
+
+
+@pytest.mark.parametrize("settings,message", UNREPRESENTABLE, ids=lambda v: str(v)[:40] if isinstance(v, dict) else "")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_10_settings_beyond_float32_raise_on_every_backend(backend, settings, message):
+    """Settings that passed the checks but overflowed a kernel's type (a RuntimeError on cpu, inf on the
+    reference) now fail the checks: the same ValueError everywhere."""
+    import lantern
+
+    settings = dict(settings)
+    logits = torch.randn(2, 1, 8, dtype=torch.float64) * settings.pop("logits_scale", 1.0)
+    extra = dict(uncond_logits=torch.randn(2, 1, 8, dtype=torch.float64)) if "cfg_scale" in settings else {}
+    with lantern.fused(backend), pytest.raises(ValueError, match=message):
+        _one_node(logits, **settings, **extra)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numpy_scalar_settings_mean_their_python_numbers(backend):
+    """numpy scalars (np.float32(0.9), np.int64(3)) are read as the Python numbers they hold, on every op."""
+    import numpy as np
+
+    import lantern
+    from lantern import ops
+
+    torch.manual_seed(3)
+    logits, uncond = torch.randn(4, 3, 16), torch.randn(4, 3, 16)
+    tokens, parents = torch.randint(16, (4, 3)), torch.tensor([[-1, 0, 1]] * 4)
+    plain = dict(uncond_logits=uncond, cfg_scale=1.5, temperature=0.75, top_k=5, top_p=0.875, seed=7, offset=3,
+                 k=2, delta=0.25, neighbours=torch.randint(16, (16, 4), dtype=torch.int32))
+    numpy = dict(plain, cfg_scale=np.float64(1.5), temperature=np.float32(0.75), top_k=np.int64(5),
+                 top_p=np.float32(0.875), seed=np.uint64(7), offset=np.int32(3), k=np.int64(2),
+                 delta=np.float32(0.25))
+    with lantern.fused(backend):
+        want, got = ops.verify(logits, tokens, parents, **plain), ops.verify(logits, tokens, parents, **numpy)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+        assert torch.equal(ops.philox_uniform(np.uint64(5), np.int64(1), 2, 3, np.uint32(4)),
+                           ops.philox_uniform(5, 1, 2, 3, 4))
+        codebook = torch.randn(8, 3)
+        assert torch.equal(ops.latent_neighbours(codebook, np.int64(2)), ops.latent_neighbours(codebook, 2))
+        with pytest.raises(TypeError, match="temperature must be a number"):
+            ops.process_logits(logits, temperature=np.bool_(True))
 
 
 # -- 2: a checkpoint whose wrapper contains itself -------------------------------------------------------

@@ -10,6 +10,7 @@ import threading
 import weakref
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -61,6 +62,13 @@ def not_overlapping(output_name: str, output: torch.Tensor, **inputs: torch.Tens
         if overlaps(output, t):
             raise ValueError(f"{name} overlaps the memory of {output_name}, which the op modifies in place; "
                              f"pass a copy ({name}.clone())")
+
+
+def plain(value):
+    """A numpy scalar (np.float32(0.5), np.int64(3)) as the Python number it holds, so that settings given
+    through numpy mean the same as Python numbers on every backend; anything else unchanged (np.bool_
+    becomes a bool, which the checks refuse as a number)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 _caller = threading.local()
@@ -137,8 +145,14 @@ def per_row(name: str, value, B: int, device: torch.device, *, integer: bool = F
 
 
 def values(value) -> torch.Tensor:
-    return value.detach().to("cpu", torch.float64) if isinstance(value, torch.Tensor) else torch.tensor(
-        float(value), dtype=torch.float64)
+    """A setting's values as a float64 CPU tensor (an int too large for a double becomes +-inf)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", torch.float64)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf if value > 0 else -math.inf
+    return torch.tensor(number, dtype=torch.float64)
 
 
 def tensor_fingerprint(t: torch.Tensor):
