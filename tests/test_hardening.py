@@ -107,6 +107,80 @@ def test_1_compact_kv_separate_memory_and_grad(backend):
             ops.compact_kv(leaf, torch.tensor([0]), torch.tensor([[0]]), torch.tensor([1]))
 
 
+# -- 3: tree_attention with non-finite keys, values or queries -----------------------------------------
+
+def _attention_case():
+    """B = 2 rows, H = 4 query heads over Hkv = 2, a chain of T = 3 nodes plus a side branch (node 3, child
+    of the root), Dh = 8, cache_len (5, 2), Lmax = 12; NaN in every unused position."""
+    from lantern import ops
+
+    g = torch.Generator().manual_seed(4)
+    B, H, Hkv, T, Dh, Lmax = 2, 4, 2, 4, 8, 12
+    q = torch.randn(B, H, T, Dh, generator=g)
+    k, v = torch.randn(B, Hkv, Lmax, Dh, generator=g), torch.randn(B, Hkv, Lmax, Dh, generator=g)
+    cache_len = torch.tensor([5, 2])
+    for b in range(B):
+        k[b, :, int(cache_len[b]) + T:] = math.nan
+        v[b, :, int(cache_len[b]) + T:] = math.nan
+    mask = ops.ancestor_mask(torch.tensor([[-1, 0, 1, 0]] * B))
+    return q, k, v, cache_len, mask
+
+
+CORRUPTIONS = {  # name -> (where to write, what, the (b, h, t) queries that must come out NaN)
+    "nan-prefix-key": (("k", 0, 1, 2, 3), math.nan, [(0, h, t) for h in (2, 3) for t in range(4)]),
+    "inf-prefix-key": (("k", 1, 0, 0, 0), math.inf, [(1, h, t) for h in (0, 1) for t in range(4)]),
+    "neg-inf-prefix-key": (("k", 1, 0, 1, 5), -math.inf, [(1, h, t) for h in (0, 1) for t in range(4)]),
+    "nan-prefix-value": (("v", 0, 0, 4, 7), math.nan, [(0, h, t) for h in (0, 1) for t in range(4)]),
+    # node 3 (the side branch) of row 0 sits at position 5 + 3: only node 3 attends to it
+    "inf-branch-value": (("v", 0, 1, 8, 0), math.inf, [(0, 2, 3), (0, 3, 3)]),
+    "nan-branch-key": (("k", 0, 0, 8, 0), math.nan, [(0, 0, 3), (0, 1, 3)]),
+    # node 1 of row 1 (position 2 + 1): read by nodes 1 and 2
+    "nan-chain-value": (("v", 1, 0, 3, 2), math.nan, [(1, h, t) for h in (0, 1) for t in (1, 2)]),
+    "inf-query": (("q", 1, 2, 0, 4), math.inf, [(1, 2, 0)]),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_3_non_finite_attention_inputs_give_nan_rows(backend, corruption):
+    """Before, the cpu kernel skipped a NaN key as if it were absent (a finite output) while reference and
+    triton gave NaN. Now every backend gives NaN in every element of exactly the queries that read a
+    non-finite score or value, and the other queries are as without the corruption (a value no query
+    attends to cannot leak through 0 x NaN)."""
+    import lantern
+    from lantern import ops
+
+    q, k, v, cache_len, mask = _attention_case()
+    with lantern.fused("reference"):
+        clean = ops.tree_attention(q, k, v, cache_len, mask)
+    (name, *index), value, poisoned = CORRUPTIONS[corruption]
+    tensors = {"q": q, "k": k, "v": v}
+    tensors[name][tuple(index)] = value
+    with lantern.fused(backend):
+        got = ops.tree_attention(tensors["q"], tensors["k"], tensors["v"], cache_len, mask)
+    want_nan = torch.zeros(got.shape[:3], dtype=torch.bool)
+    for b, h, t in poisoned:
+        want_nan[b, h, t] = True
+    assert torch.equal(got.isnan().all(-1), want_nan) and torch.equal(got.isnan().any(-1), want_nan)
+    assert torch.allclose(got[~want_nan], clean[~want_nan], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_3_non_finite_attention_other_dtypes(backend, dtype):
+    """float64 values beyond float32's range become inf in the float32 math: the queries reading them are
+    NaN; float16 / bfloat16 infinities likewise (every backend the same)."""
+    import lantern
+    from lantern import ops
+
+    q, k, v, cache_len, mask = (t.to(dtype) if t.is_floating_point() else t for t in _attention_case())
+    v[0, 1, 8, 0] = 1e300 if dtype == torch.float64 else math.inf  # row 0's side branch, kv head 1
+    with lantern.fused(backend):
+        got = ops.tree_attention(q, k, v, cache_len, mask)
+    nan_rows = got.isnan().all(-1).nonzero().tolist()
+    assert nan_rows == [[0, 2, 3], [0, 3, 3]] and int(got.isnan().sum()) == 2 * 8
+
+
 # -- 6 / 8 / 10: processed logits that are no distribution, settings the kernels cannot represent --------
 
 def _one_node(logits, **kwargs):
@@ -694,6 +768,57 @@ def test_14_cli_spec_options_fail_before_loading(stub_models, tmp_path, option, 
     with pytest.raises(SystemExit, match=message):
         generate(tmp_path, "--method", "lantern", *option)
     assert stub_models == []
+
+
+# -- lantern neighbours --out: checked before the codebook is loaded ---------------------------------------
+
+@pytest.fixture
+def stub_codebook(monkeypatch, tmp_path):
+    """``lantern neighbours --vq tiny`` with a small random codebook instead of the shipped model's; ``loads``
+    counts the loads, so a test can tell an error came before any."""
+    from types import SimpleNamespace
+
+    import lantern.pretrained
+
+    loads = []
+    codebook = torch.randn(24, 4, generator=torch.Generator().manual_seed(5))
+    embedding = SimpleNamespace(weight=codebook)
+
+    def load_tiny():
+        loads.append("tiny")
+        return SimpleNamespace(vq=SimpleNamespace(quantize=SimpleNamespace(embedding=embedding)))
+
+    monkeypatch.setattr(lantern.pretrained, "load_tiny", load_tiny)
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    return loads
+
+
+def test_neighbours_out_fails_before_loading(stub_codebook, tmp_path):
+    (tmp_path / "a_folder.safetensors").mkdir()
+    bad = [(str(tmp_path / "missing" / "n.safetensors"), "does not exist"),
+           (str(tmp_path / "n.pt"), "must name a safetensors file"),
+           (str(tmp_path / "n"), "must name a safetensors file"),
+           (str(tmp_path / "a_folder.safetensors"), "is a folder"),
+           ("/proc/lantern-hardening.safetensors", "cannot be written")]
+    for path, message in bad:
+        with pytest.raises(SystemExit, match=message):
+            main(["neighbours", "--K", "4", "--out", path])
+    with pytest.raises(SystemExit, match="--K must be >= 1"):
+        main(["neighbours", "--K", "0"])
+    assert stub_codebook == []  # nothing was loaded, no table built
+    assert not (tmp_path / "missing").exists() and not (tmp_path / "cache").exists()
+
+
+def test_neighbours_out_writes_the_table(stub_codebook, tmp_path):
+    from safetensors.torch import load_file
+
+    from lantern import ops
+
+    out = tmp_path / "n.safetensors"
+    assert main(["neighbours", "--K", "4", "--out", str(out)]) == 0
+    codebook = torch.randn(24, 4, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(load_file(str(out))["neighbours"], ops.latent_neighbours(codebook, 4, normalize=True))
+    assert stub_codebook == ["tiny"]
 
 
 # -- README: the fused-backend choice is per thread -------------------------------------------------------
