@@ -331,6 +331,21 @@ def test_numpy_scalar_settings_mean_their_python_numbers(backend):
             ops.process_logits(logits, temperature=np.bool_(True))
 
 
+# -- found by the differential fuzzer (tests/test_fuzz.py) ---------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_philox_counters_that_do_not_broadcast_raise(backend):
+    """Counters of shapes [3] and [0] passed the checks and failed inside torch.broadcast_tensors with a
+    RuntimeError (every backend); now the checks refuse them with a ValueError naming the counters."""
+    import lantern
+    from lantern import ops
+
+    with lantern.fused(backend):
+        with pytest.raises(ValueError, match="c0, c1, c2, c3 must broadcast together"):
+            ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(0, dtype=torch.int64), 0, 0)
+        assert ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(2, 1, dtype=torch.int64), 0, 0).shape == (2, 3)
+
+
 # -- 2: a checkpoint whose wrapper contains itself -------------------------------------------------------
 
 @pytest.fixture

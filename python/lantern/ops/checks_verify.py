@@ -267,4 +267,9 @@ def check_philox(seed, c0, c1, c2, c3) -> torch.device:
             c.in_range(name, v, 0, 2**32)
         elif isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**32:
             raise ValueError(f"{name} must be an int in [0, 2^32) or an integer tensor, got {v!r}")
+    shapes = [tuple(v.shape) for v in (c0, c1, c2, c3) if isinstance(v, torch.Tensor)]
+    try:
+        torch.broadcast_shapes(*shapes)
+    except RuntimeError as e:
+        raise ValueError(f"c0, c1, c2, c3 must broadcast together, got shapes {shapes}") from e
     return device or torch.device("cpu")
