@@ -346,6 +346,39 @@ def test_fuzz_philox_counters_that_do_not_broadcast_raise(backend):
         assert ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(2, 1, dtype=torch.int64), 0, 0).shape == (2, 3)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_neighbour_table_does_not_depend_on_the_codebook_layout(backend):
+    """The reference normalised a non-contiguous codebook with another rounding than a contiguous one, so
+    near-tied neighbours (here: both at squared distance ~1 from the zero row) swapped with the layout, and
+    the reference disagreed with cpu. Every backend now gives one table for both layouts."""
+    import lantern
+    from lantern import ops
+
+    codebook = torch.tensor([[0.0, 0.0, 0.0], [0.5684312582, -1.0845223665, -1.3985954523],
+                             [0.4033468366, 0.8380263448, -0.7192575932]])
+    transposed = codebook.t().contiguous().t()
+    with lantern.fused("reference"):
+        want = ops.latent_neighbours(codebook, 1, normalize=True)
+    with lantern.fused(backend):
+        assert torch.equal(ops.latent_neighbours(codebook, 1, normalize=True), want)
+        assert torch.equal(ops.latent_neighbours(transposed, 1, normalize=True), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_neighbour_row_whose_norm_overflows_raises(backend):
+    """A row whose float32 L2 norm overflows (3.3e38 in one coordinate) was 'normalised' to the zero row by
+    every backend (x / inf), silently; with normalize=True it is now refused. Without normalisation it is
+    an ordinary (far away) code."""
+    import lantern
+    from lantern import ops
+
+    codebook = torch.tensor([[3.3e38, -0.2, -0.3], [0.5, -1.0, -1.4], [0.4, 0.8, -0.7]])
+    with lantern.fused(backend):
+        with pytest.raises(ValueError, match="codebook row 0: its L2 norm overflows float32"):
+            ops.latent_neighbours(codebook, 1, normalize=True)
+        assert ops.latent_neighbours(codebook, 1, normalize=False).flatten().tolist() == [1, 2, 1]
+
+
 # -- 2: a checkpoint whose wrapper contains itself -------------------------------------------------------
 
 @pytest.fixture

@@ -27,7 +27,8 @@ def _last_dim_contiguous(name: str, t: torch.Tensor) -> None:
 
 
 def check_latent_neighbours(codebook, K, normalize) -> None:
-    """codebook [V, d] float, finite in float32, V >= 2, d >= 1; K int in [1, V-1]; normalize bool."""
+    """codebook [V, d] float, finite in float32 (and, to be normalised, with finite float32 row norms), V >= 2,
+    d >= 1; K int in [1, V-1]; normalize bool."""
     c.tensor("codebook", codebook, ndim=2, dtypes=c.FLOAT_DTYPES)
     V, d = codebook.shape
     if V < 2 or d < 1:
@@ -35,8 +36,17 @@ def check_latent_neighbours(codebook, K, normalize) -> None:
     _int_arg("K", K, 1, V - 1)
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-    if c.scan_values() and not bool(torch.isfinite(codebook.detach().to(torch.float32)).all()):
+    if not c.scan_values():
+        return
+    rows = codebook.detach().to(torch.float32).contiguous()  # [V, d] what every backend computes with
+    if not bool(torch.isfinite(rows).all()):
         raise ValueError("codebook contains NaN or infinite values (in float32)")
+    if normalize:  # a row whose float32 norm overflows would be "normalised" to zero
+        norms = rows.norm(2, dim=1)  # [V]
+        if not bool(torch.isfinite(norms).all()):
+            row = int((~torch.isfinite(norms)).nonzero()[0])
+            raise ValueError(f"codebook row {row}: its L2 norm overflows float32, so it cannot be normalised "
+                             f"(normalize=True); scale the codebook down")
 
 
 def check_build_tree(cand_tokens, cand_parents, cand_scores, root_token, n_nodes) -> None:
