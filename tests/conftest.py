@@ -18,14 +18,14 @@ if "TRITON_INTERPRET" not in os.environ:
 
 def _register_hypothesis_profiles():
     """"ci" (the default): hypothesis's usual 100 examples per test, derandomized, so that every run tries
-    the same cases; "long" (``pytest --hypothesis-profile=long``): 40 times as many random examples, for a
+    the same cases; "long" (``pytest --hypothesis-profile=long``): 20 times as many random examples, for a
     differential fuzzing session (tests/test_fuzz.py, docs/hardening.md). Both drop the per-example
     deadline (the first call of a kernel pays for its self-check, and the shared machine's load varies)."""
     from hypothesis import HealthCheck, settings
 
     slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
     settings.register_profile("ci", deadline=None, derandomize=True, suppress_health_check=slow)
-    settings.register_profile("long", max_examples=4_000, deadline=None, suppress_health_check=slow,
+    settings.register_profile("long", max_examples=2_000, deadline=None, suppress_health_check=slow,
                               print_blob=True)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

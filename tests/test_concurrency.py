@@ -129,40 +129,46 @@ def test_threads_switching_backends_keep_their_own():
     assert errors == [] and len(set(runs)) == len(names), (errors, set(runs))
 
 
-CACHE_WORKER = textwrap.dedent("""
-    import os, sys, time, warnings
+CACHE_WORKERS = textwrap.dedent("""
+    import multiprocessing, sys, time, warnings
     import torch
     from lantern import ops
     from lantern.neighbours import neighbour_table
 
-    role, directory, go, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    directory, seconds = sys.argv[1], float(sys.argv[2])
+    roles = ["writer", "writer", "writer", "reader", "reader"]
     codebook = torch.randn(96, 4, generator=torch.Generator().manual_seed(0))
-    want = ops.latent_neighbours(codebook, 8, normalize=True)
-    while not os.path.exists(go):  # every process starts hammering at once
-        time.sleep(0.01)
-    end, count = time.monotonic() + seconds, 0
-    warnings.simplefilter("error")  # a reader that saw half a file would warn (and rebuild)
-    while time.monotonic() < end:
-        table = neighbour_table(codebook, 8, directory=directory, rebuild=role == "writer")
-        assert torch.equal(table, want)
-        count += 1
-    print(role, count)
+
+    def work(role, start, counts):
+        want = ops.latent_neighbours(codebook, 8, normalize=True)
+        warnings.simplefilter("error")  # a reader that saw half a file would warn (and rebuild)
+        start.wait()  # every process starts hammering at once
+        end, count = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            table = neighbour_table(codebook, 8, directory=directory, rebuild=role == "writer")
+            assert torch.equal(table, want)
+            count += 1
+        counts.put((role, count))
+
+    if __name__ == "__main__":
+        fork = multiprocessing.get_context("fork")  # imported once, forked before any torch op ran here
+        start, counts = fork.Barrier(len(roles)), fork.Queue()
+        procs = [fork.Process(target=work, args=(role, start, counts)) for role in roles]
+        for p in procs: p.start()
+        for p in procs: p.join()
+        assert [p.exitcode for p in procs] == [0] * len(roles), [p.exitcode for p in procs]
+        totals = {"writer": 0, "reader": 0}
+        for _ in roles:
+            role, count = counts.get()
+            totals[role] += count
+        print(totals["writer"], totals["reader"])
 """)
 
 
 def test_processes_writing_and_reading_the_neighbour_cache(tmp_path):
     """Three writer processes rebuild the same entry in a loop while two reader processes read it, for 2 s
-    (the issue's reproducer used four writer processes): every call succeeds, every table read is whole
-    and right, no temporary file is left."""
-    go = tmp_path / "go"
-    procs = [_python(CACHE_WORKER, role, str(tmp_path / "cache"), str(go), "2.0")
-             for role in ("writer", "writer", "writer", "reader", "reader")]
-    time.sleep(0.5)
-    go.touch()
-    outputs = [_finish(proc) for proc in procs]
-    counts = {out.split()[0]: 0 for out in outputs}
-    for out in outputs:
-        role, count = out.split()
-        counts[role] += int(count)
-    assert counts["writer"] > 3 and counts["reader"] > 3, counts  # both kinds really ran concurrently
+    from one barrier (the issue's reproducer used four writer processes): every call succeeds, every table
+    read is whole and right, no temporary file is left."""
+    writes, reads = map(int, _finish(_python(CACHE_WORKERS, str(tmp_path / "cache"), "2.0")).split())
+    assert writes > 3 and reads > 3, (writes, reads)  # both kinds really ran concurrently
     assert [p.name.endswith(".safetensors") for p in (tmp_path / "cache").iterdir()] == [True]

@@ -48,9 +48,9 @@ USABLE = backends.usable(backends.NAMES)  # "reference" first
 FAST = [b for b in USABLE if not backends.interpreted(b)]
 INTERPRETED = [b for b in USABLE if backends.interpreted(b)]
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-# examples per test, from the profile's max_examples (ci: 100, long: 4000): compiled backends 5x, the
-# interpreter (about 0.1-0.5 s a case) 1/6, at least 4
-COMPILED_FACTOR, INTERPRETED_SHARE = 5, 6
+# examples per test, from the profile's max_examples (ci: 100, long: 2000): compiled backends 10x, the
+# interpreter (about 0.1-0.5 s a case) 1/3, at least 4
+COMPILED_FACTOR, INTERPRETED_SHARE = 10, 3
 
 
 def _test_on(names):

@@ -41,8 +41,11 @@ def memory_span(t: torch.Tensor):
     torch.compile traces)."""
     if t.numel() == 0 or t.device.type == "meta" or torch.compiler.is_compiling():
         return None
+    try:
+        start = t.data_ptr()
+    except RuntimeError:  # a fake or functional tensor of a trace (make_fx, inductor's lowering): no memory
+        return None
     extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))  # elements from the first to the last
-    start = t.data_ptr()
     return start, start + (extent + 1) * t.element_size()
 
 
