@@ -56,10 +56,12 @@ def _nonfinite(x):
 def _poison(poisoned, scores, v_tile, attends):
     """poisoned [M] int32 |= a non-finite score or value at an attended position (attends [M, N]); returns
     (poisoned, v_tile with non-finite values replaced by 0)."""
-    bad_value = tl.max(_nonfinite(v_tile).to(tl.int32), axis=1)  # [N]
+    # tested in float32: Triton's interpreter compares bfloat16 as bit patterns (NaN != NaN would be False)
+    bad_elements = _nonfinite(v_tile.to(tl.float32))  # [N, D]
+    bad_value = tl.max(bad_elements.to(tl.int32), axis=1)  # [N]
     bad = (_nonfinite(scores) | (bad_value[None, :] != 0)) & attends  # [M, N]
     poisoned = tl.maximum(poisoned, tl.max(bad.to(tl.int32), axis=1))
-    return poisoned, tl.where(_nonfinite(v_tile), 0.0, v_tile).to(v_tile.dtype)
+    return poisoned, tl.where(bad_elements, 0.0, v_tile).to(v_tile.dtype)
 
 
 @triton.jit

@@ -379,6 +379,21 @@ def test_fuzz_neighbour_row_whose_norm_overflows_raises(backend):
         assert ops.latent_neighbours(codebook, 1, normalize=False).flatten().tolist() == [1, 2, 1]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzz_half_precision_nan_value_poisons_the_row(backend, dtype):
+    """A NaN value in a bfloat16 cache reached the triton kernel's output only in its own column (under the
+    interpreter, bfloat16 NaN compared equal to itself), not as a NaN row; every backend now gives the row."""
+    import lantern
+    from lantern import ops
+
+    q, k = torch.ones(1, 1, 1, 3, dtype=dtype), torch.ones(1, 1, 1, 3, dtype=dtype)
+    v = torch.tensor([[[[math.nan, 0.84, -0.72]]]], dtype=dtype)
+    with lantern.fused(backend):
+        out = ops.tree_attention(q, k, v, torch.tensor([0]), ops.ancestor_mask(torch.tensor([[-1]])))
+    assert bool(out.isnan().all())
+
+
 # -- 2: a checkpoint whose wrapper contains itself -------------------------------------------------------
 
 @pytest.fixture
