@@ -724,7 +724,7 @@ def test_5_cli_mar_classes_outside_the_model_fail(tmp_path, monkeypatch):
     torch.manual_seed(0)
     mar = build_mar("MAR-tiny-drafter").eval()
     defaults = dict(cfg=1.0, cfg_schedule="linear", num_iter=2, temperature=1.0)
-    monkeypatch.setattr(generate_mar_cli, "_load", lambda args: (mar, None, defaults, [0]))
+    monkeypatch.setattr(generate_mar_cli, "_load", lambda args: (mar, None, None, defaults, [0]))
     monkeypatch.setattr(generate_mar_cli, "sample_mar", lambda *a, **k: pytest.fail("sampled"), raising=False)
     with pytest.raises(SystemExit, match=r"--classes must be class ids in \[0, 10\)"):
         main(["generate", "--model", "tiny-mar", "--classes", "10", "--out", str(tmp_path / "m.png"), "--no-progress"])
