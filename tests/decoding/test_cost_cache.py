@@ -124,7 +124,8 @@ def test_a_new_row_count_extends_the_cached_model(tmp_path):
 
 
 def test_calibration_at_a_larger_batch_times_only_the_plans_that_could_pay(tmp_path, monkeypatch):
-    """A plan slower than AR at the smaller row count is not timed at the larger one (extrapolated)."""
+    """A plan slower than AR at the smaller row count is not timed at the larger one; its point there is
+    the bound that ruled it out."""
     from lantern.decoding.spec import Sampling, calibrate
 
     torch.manual_seed(0)
@@ -139,7 +140,10 @@ def test_calibration_at_a_larger_batch_times_only_the_plans_that_could_pay(tmp_p
     with torch.no_grad():
         got = calibrate(target, drafter, torch.tensor([0, 1]), None, config, Sampling(cfg_scale=2.0), 16,
                         [AR_PLAN, chain1, chain2], rows_grid=[4], known=known)
-    assert set(got["points"]) == {"ar", "chain1"} and set(got["points"]["ar"]) == {4}
+    assert set(got["points"]["ar"]) == {4} and set(got["points"]["chain1"]) == {4}
+    # chain2 was not timed: its point is the bound that left it out (its 2-row second, AR having grown by
+    # nothing), not the 2-row slope extrapolated, so no planner sees it paying at 4 rows
+    assert got["points"]["chain2"] == {4: 1.0}
     assert set(got["acceptance"]) == {"sampled"}
 
 

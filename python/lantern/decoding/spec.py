@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .ar import check_condition, check_length, condition_masks, nonfinite_logits, sample_next
+from .ar import check_condition, check_length, condition_masks, generate_ar, nonfinite_logits, sample_next
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
 from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans, measured_rates
@@ -491,18 +491,28 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
     return loop.out, stats
 
 
+PRIOR_STEPS = 8  # tree=auto: the acceptance prior's weight, in steps of the batch
+
+
 def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model, emb_masks=None):
     t0 = time.perf_counter()
     stats = SpecStats()
+    # the prior weighs PRIOR_STEPS steps of the whole batch: a step of 10 rows is 10 trials, and two
+    # unlucky steps must not outweigh a calibration's rates and turn a run to AR for good (AR steps
+    # bring no acceptance data)
     acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory,
-                                 prior_rates=cost_model.acceptance)
+                                 prior_rates=cost_model.acceptance, prior_weight=PRIOR_STEPS * cond_idx.shape[0])
     planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs,
                       margin=config.margin)
+    max_depth = planner.max_depth
+    B = cond_idx.shape[0]
+    first = planner.choose(B * (2 if sampling.guided else 1), B, _progress_at_start(B, L, max_depth)[1:])
+    if first.plan.is_ar and not first.probe:
+        return _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, first, stats, t0)
     compiled = CompileStats() if config.compile else None
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True,
                  emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
-    max_depth = planner.max_depth
     step, decision, last, forwards, n_emit, steps = 0, None, None, 0, None, []
     t_step = time.perf_counter()
     with ops.checks.values_checked_by_caller():
@@ -538,6 +548,41 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
     _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
     return loop.out, stats
+
+
+def _progress_at_start(B: int, L: int, max_depth: int) -> List[int]:
+    """``_Loop.progress`` before the first step (every row has its first token): [1 + max_depth]."""
+    return [B if L - 1 - d >= 1 else 0 for d in range(max_depth + 1)]
+
+
+def _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, decision, stats, t0):
+    """tree="auto" when AR is the plan of the first step: then it is the plan of every step (AR steps give
+    the acceptance model no data, their measured time corrects every plan's predicted time alike, and the
+    rows' remaining tokens only shrink, which favours AR further), so the run is ``generate_ar``'s loop: the
+    same tokens as AR steps of the speculative loop (one stream, offset = token index), without its
+    drafter, tree bookkeeping and per-step host read."""
+    B = cond_idx.shape[0]
+    progress = None if on_step is None else (lambda step: on_step(torch.ones(B, dtype=torch.int64))
+                                             if step >= 1 else None)
+    compile_stats: dict = {}
+    tokens = generate_ar(target, cond_idx, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
+                         top_k=sampling.top_k, top_p=sampling.top_p, cfg_interval=sampling.cfg_interval,
+                         seed=sampling.seed, on_token=progress, length=L, emb_masks=emb_masks,
+                         compile=config.compile, stats=compile_stats)
+    stats.wall_s = time.perf_counter() - t0
+    steps = L - 1
+    stats.steps = steps
+    stats.target_forwards = L
+    stats.row_steps = stats.emitted = B * steps
+    stats.accept_lens = [torch.zeros(B, dtype=torch.int64) for _ in range(steps)]
+    stats.plan_counts = {AR_PLAN.name: steps} if steps else {}
+    for _ in range(steps):  # the steps' time, shared out evenly (no step was timed alone)
+        planner.record(decision, B, stats.wall_s / steps)
+    stats.planner = dict(planner.summary(), cost_model={k: v for k, v in planner.cost_model.meta.items()
+                                                        if k != "key"}, all_ar=True)
+    stats.compile_s = compile_stats.get("compile_s", 0.0)
+    stats.compiled_graphs = compile_stats.get("compiled_graphs", 0)
+    return tokens, stats
 
 
 # -- calibration ------------------------------------------------------------------------------------------
@@ -618,7 +663,9 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     At the smallest row count every plan is timed. At a larger one AR is timed first, and then only the
     plans that could pay there (``_could_pay``: their time at the largest smaller row count grown by AR's
     growth times their nodes, and the acceptance measured so far); an untimed step longer than 4
-    ``max_point_s`` drops a plan too. The cost model extrapolates the others along their last slope."""
+    ``max_point_s`` drops a plan too. A plan left out gets, as its point there, the time that left it out
+    (the prediction, or that untimed step): extrapolating its smaller row counts' slope could make it look
+    cheaper than the bound that said it cannot pay, and the planner would choose it."""
     device = target.tok_embeddings.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     halves = 2 if sampling.guided else 1
@@ -656,6 +703,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
             return seconds
 
         times: Dict[str, List[float]] = {p.name: [] for p in plans}
+        bounds: Dict[str, float] = {}
         smaller = [r for r in points[AR_PLAN.name] if r < rows]
         todo = list(plans)
         if smaller:  # AR first, then the plans that could pay at this row count
@@ -664,6 +712,9 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                 (known.acceptance if known else {})
             todo = [p for p in plans if p.is_ar or _could_pay(p, points, max(smaller), rows, min(times["ar"]),
                                                              halves, rates, max_point_s)]
+            for p in plans:  # a plan left out gets the bound that left it out: never a cheaper extrapolation
+                if p not in todo and max(smaller) in points[p.name]:
+                    bounds[p.name] = _predicted(p, points, max(smaller), min(times["ar"]))
         for rnd in range(reps + 1):
             # AR, the reference every plan is compared with, before each drafting plan's step
             for plan in [q for p in todo if not p.is_ar for q in (AR_PLAN, p)] or [AR_PLAN]:
@@ -673,13 +724,16 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                 if rnd > 0:
                     times[plan.name].append(seconds)
                 elif smaller and seconds > 4 * max_point_s and not plan.is_ar:
-                    todo.remove(plan)  # its untimed step already says: extrapolate instead
+                    todo.remove(plan)  # its untimed step already says it is too slow: that step is its point
+                    bounds[plan.name] = seconds
         if state["loop"] is not None:
             state["loop"].close()
         for name, measured in times.items():
             if measured:
                 points[name][rows] = min(measured)
                 new_rows.add(rows)
+            elif name in bounds:
+                points[name][rows] = bounds[name]
     _nested_min(points, plans)
     fresh = {name: {r: s for r, s in by_rows.items() if r in new_rows} for name, by_rows in points.items()}
     return {"points": {name: by_rows for name, by_rows in fresh.items() if by_rows},
