@@ -118,6 +118,28 @@ def test_auto_whose_first_plan_is_ar_is_the_ar_loop(target):
                               **settings)
     assert resets and "all_ar" not in paying.planner and set(paying.plan_counts) != {"ar"}
 
+
+def test_finished_rows_leave_the_models_batch_and_the_tokens_stay(target, monkeypatch):
+    """Rows finish raggedly under sampled chains; once a quarter of the models' rows are finished the loop
+    drops them from the target's and the drafter's caches, and the sampled tokens are those of the loop
+    that keeps computing every row (verify and the draft sampling still see every row at its place)."""
+    from lantern.decoding import spec
+
+    labels = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7])
+    settings = dict(cfg_scale=3.0, temperature=1.0, seed=5)
+    config = SpecConfig(method="spec", tree="chain", depth=3, draft="sampled")
+    drafter = drafter_named(target, "noisy")  # a GPT drafter: its model's cache shrinks too
+    kept = []
+    real_keep = type(target).keep_cache_rows
+    monkeypatch.setattr(type(target), "keep_cache_rows", lambda self, rows: (kept.append(rows.numel())
+                                                                             if self is target else None)
+                        or real_keep(self, rows))
+    compacted, stats = generate_spec(target, drafter, labels, config=config, **settings)
+    assert kept and all(b < a for a, b in zip([2 * len(labels)] + kept, kept))  # the batch shrank, step by step
+    monkeypatch.setattr(spec._Loop, "should_compact", lambda self, n_active: False)
+    full, full_stats = generate_spec(target, drafter, labels, config=config, **settings)
+    assert torch.equal(compacted, full) and stats.plan_counts == full_stats.plan_counts
+
 SCRIPT = [AR_PLAN, AR_PLAN, Plan("chain3", "chain", depth=3), AR_PLAN, AR_PLAN, AR_PLAN,
           Plan("tree8", "dynamic", depth=4, n_nodes=8, top_per_node=3), Plan("chain1", "chain", depth=1), AR_PLAN,
           Plan("static", "static", depth=2, static_widths=(2, 1))]

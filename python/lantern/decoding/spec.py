@@ -182,6 +182,52 @@ class _Loop:
         self.n_pending = torch.ones(self.rows, dtype=torch.int64)
         self.width = 1  # columns of ``pending`` in use (>= n_pending.max())
         self.root_parents = torch.full((B, 1), -1, dtype=torch.int64)
+        # the rows the models compute (None: all). Finished rows leave the models' caches (``compact``); the
+        # loop's own state, verify and the draft sampling stay at full size, so every random stream keeps
+        # its row and the tokens are those of the uncompacted loop. Compiled forwards keep static shapes.
+        self.live: Optional[torch.Tensor] = None  # [live rows] indices into the rows, both guidance halves
+        self.compactable = compiled is None and hasattr(drafter, "keep_rows")
+        self.live_drafter = _LiveDrafter(self)
+
+    @property
+    def forward_rows(self) -> int:
+        """Rows of the models' forwards."""
+        return self.rows if self.live is None else self.live.shape[0]
+
+    def should_compact(self, n_active: int) -> bool:
+        """Whether to drop the finished rows from the models now: a quarter of the rows they compute or more
+        (with the rows of the drafting plans ragged, the last rows of a batch finish many steps after the
+        first; at batch 40 a fifth of the row-steps went to finished rows)."""
+        live_b = self.forward_rows // self.halves
+        return self.compactable and n_active > 0 and 4 * (live_b - n_active) >= live_b
+
+    def compact(self) -> None:
+        """Keeps only the unfinished rows in the models' caches (one host read: which rows)."""
+        keep = torch.nonzero(self.n_done < self.L).squeeze(1)  # [B'] caller rows
+        live = torch.cat([keep + h * self.B for h in range(self.halves)])  # sorted, both halves
+        held = torch.arange(self.rows) if self.live is None else self.live
+        place = torch.searchsorted(held, live)  # each kept row's place in the caches now
+        self.target.keep_cache_rows(place)
+        self.drafter.keep_rows(place)
+        self.live = live
+
+    def sub(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, ...] -> [live rows, ...]: a model's per-row input."""
+        return x if self.live is None else x.index_select(0, self.live)
+
+    def full(self, y: torch.Tensor) -> torch.Tensor:
+        """[live rows, ...] -> [rows, ...]: a model's per-row output, zeros for the rows it did not compute
+        (finished rows: verify and the draft sampling read them, their results are never kept)."""
+        if self.live is None:
+            return y
+        return y.new_zeros((self.rows, *y.shape[1:])).index_copy_(0, self.live, y)
+
+    def forward(self, tokens, cache_len, **kwargs):
+        """The target over the live rows -> (logits, hidden) at full size."""
+        per_row = {k: self.sub(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        logits, hidden = self.target(self.sub(tokens), cache_len=self.sub(cache_len), return_hidden=True,
+                                     **{**kwargs, **per_row})
+        return self.full(logits), self.full(hidden)
 
     def rep(self, x: torch.Tensor) -> torch.Tensor:
         """[B, ...] -> [rows, ...]: the same values for both guidance halves."""
@@ -226,7 +272,7 @@ class _Loop:
         B, L = self.B, self.L
         active = self.n_done < L
         root = self.out.gather(1, (self.n_done - 1).clamp(max=L - 1)[:, None])  # [B, 1]
-        logits, hidden = self.target(self.rep(root), cache_len=self.target_len, return_hidden=True)  # [rows, 1, .]
+        logits, hidden = self.forward(self.rep(root), self.target_len)  # [rows, 1, .]
         result = self._verify(logits, root, self.root_parents, 0, None, step, drafts=False)
         n_emit = active.to(torch.int64)
         zeros = torch.zeros_like(n_emit)
@@ -252,9 +298,9 @@ class _Loop:
         # 1. the drafter caches the committed tokens it has not seen and scores the root
         P = self.width
         pos = (n_done.repeat(self.halves) - self.n_pending)[:, None] + torch.arange(P)
-        root_logits, root_state = self.drafter.commit(self.pending[:, :P], self.pending_feat[:, :P], self.n_pending,
-                                                      pos.clamp(max=L - 1))
-        scorer = DraftScorer(self.drafter, B, s.guided, s.cfg_scale, n_done - 1, L - 1, s.cfg_interval)
+        root_logits, root_state = self.live_drafter.commit(self.pending[:, :P], self.pending_feat[:, :P],
+                                                           self.n_pending, pos.clamp(max=L - 1))
+        scorer = DraftScorer(self.live_drafter, B, s.guided, s.cfg_scale, n_done - 1, L - 1, s.cfg_interval)
         scorer.forwards = 1
         root_tok = self.out.gather(1, (n_done - 1)[:, None]).squeeze(1)
         root_logits = scorer.guide(root_logits, n_done)
@@ -273,8 +319,7 @@ class _Loop:
         rep = self.rep
         positions = ((n_done - 1)[:, None] + tree.depth).clamp(max=L - 1)
         mask = ops.ancestor_mask(tree.parents)
-        logits, hidden = self.target(rep(tree.tokens), cache_len=self.target_len, positions=rep(positions),
-                                     tree_mask=rep(mask), return_hidden=True)
+        logits, hidden = self.forward(rep(tree.tokens), self.target_len, positions=rep(positions), tree_mask=rep(mask))
         # 4. verify
         result = self._verify(logits, tree.tokens, tree.parents, tree.depth, tree.draft_probs, step, drafts=True)
         # 5. commit: accepted path tokens, then next_token; never past L
@@ -290,7 +335,9 @@ class _Loop:
         written = (in_step >= 0) & (in_step < n_emit[:, None])  # never past L
         self.out = torch.where(written, emitted.gather(1, in_step.clamp(0, T - 1)), self.out)
         # 6. keep the root and accepted nodes' K/V (the root plus n_emit - 1 path nodes)
-        self.target_len = ops.compact_kv(self.target.kv_cache, self.target_len, rep(kept_nodes), rep(n_emit))
+        kept_len = ops.compact_kv(self.target.kv_cache, self.sub(self.target_len), self.sub(rep(kept_nodes)),
+                                  self.sub(rep(n_emit)))
+        self.target_len = kept_len if self.live is None else self.target_len.index_copy(0, self.live, kept_len)
         # 7. the drafter's next input: the emitted tokens with the target hidden state before each, all T
         # columns (no host read; the drafter ignores the positions past each row's n_pending). ``sync``
         # narrows ``width`` to the longest row's columns once the step's figures are read.
@@ -316,6 +363,23 @@ class _Loop:
     def close(self) -> None:
         self.drafter.release()
         self.target.free_cache()
+
+
+class _LiveDrafter:
+    """The loop's drafter over its live rows: per-row inputs at full size in, outputs at full size out."""
+
+    def __init__(self, loop: "_Loop"):
+        self.loop = loop
+
+    def commit(self, tokens, features, n_new, positions):
+        loop = self.loop
+        out = loop.drafter.commit(loop.sub(tokens), loop.sub(features), loop.sub(n_new), loop.sub(positions))
+        return tuple(loop.full(y) for y in out)
+
+    def expand(self, tokens, parents, parent_state, positions):
+        loop = self.loop
+        out = loop.drafter.expand(loop.sub(tokens), loop.sub(parents), loop.sub(parent_state), loop.sub(positions))
+        return tuple(loop.full(y) for y in out)
 
 
 @dataclass
@@ -480,6 +544,8 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
                     on_step(n_emit)
             if counts[0] == 0:
                 break
+            if loop.should_compact(counts[0]):
+                loop.compact()
             step += 1
             n_emit, _, forwards = loop.spec_step(plan, step)
             last = loop.figures
@@ -530,11 +596,13 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
                     on_step(n_emit)
             if counts[0] == 0:
                 break
+            if loop.should_compact(counts[0]):
+                loop.compact()
             t_step = now
             compile_before = compiled.compile_s if compiled is not None else 0.0
             step += 1
             planner.forget()
-            decision = planner.choose(loop.rows, counts[0], counts[1:])
+            decision = planner.choose(loop.forward_rows, counts[0], counts[1:])
             plan = decision.plan
             if plan.is_ar:
                 n_emit, forwards = loop.ar_step(step), 0

@@ -6,6 +6,8 @@
         -> (root_logits [R, V], root_state [R, S])   cache the newly committed tokens (ragged rows)
     expand(tokens [R, T], parents [R, T], parent_state [R, T, S], positions [R, T])
         -> (logits [R, T, V], state [R, T, S])   score a partial draft tree hanging off the root
+    keep_rows(rows [R'])                        keep those cache rows only (optional: the loop drops finished
+                                                rows from the models' batch when the drafter has it)
 
 ``parents`` index into the partial tree (-1 = the root, which is already cached); the loop re-runs the
 whole partial tree at each depth, so the drafter's cache only ever holds committed tokens.
@@ -98,6 +100,11 @@ class EagleDrafter(nn.Module):
         hidden = self.predict(tokens, parent_state, positions, step)  # [R, T, dim]
         return self.logits(hidden), hidden
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keeps the cache rows ``rows`` [R'] and drops the others (finished rows leave the batch)."""
+        self.kv_cache = self.kv_cache.index_select(2, rows)
+        self.cache_len = self.cache_len.index_select(0, rows)
+
     def release(self) -> None:
         self.kv_cache = None
 
@@ -126,6 +133,11 @@ class GPTDrafter:
         mask = partial_tree_mask(parents)
         logits = self.model(tokens, cache_len=self.cache_len, positions=positions, tree_mask=mask)
         return logits, torch.zeros(*tokens.shape, 0, device=tokens.device)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keeps the cache rows ``rows`` [R'] and drops the others (finished rows leave the batch)."""
+        self.model.keep_cache_rows(rows)
+        self.cache_len = self.cache_len.index_select(0, rows)
 
     def release(self) -> None:
         self.model.free_cache()

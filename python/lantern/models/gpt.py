@@ -354,6 +354,12 @@ class Transformer(nn.Module):
         self.cond_keys = torch.full((batch,), cfg.cond_len, dtype=torch.int64, device=device)
         return self.kv_cache
 
+    def keep_cache_rows(self, rows: torch.Tensor) -> None:
+        """Keeps the cache rows ``rows`` [R'] (int64, in the order given) and drops the others: a decoding
+        loop's finished rows leave the batch."""
+        self.kv_cache = self.kv_cache.index_select(2, rows)
+        self.cond_keys = self.cond_keys.index_select(0, rows)
+
     def free_cache(self) -> None:
         self.kv_cache = None
         self.cond_keys = None
