@@ -23,13 +23,15 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
+from .planner import FAMILIES
+
 FORMAT = 2
 MAX_AGE_DAYS = 30
 
 
 class CostModel:
     """points[plan name] = {rows: seconds per step}; acceptance[family] = the chain-equivalent acceptance per
-    draft level that the calibration's steps measured on these models ("sampled" / "top" drafts; the
+    draft level that the calibration's steps measured on these models (``planner.FAMILIES``; the
     planner's prior, ``planner.AcceptanceModel``), or empty."""
 
     def __init__(self, points: Mapping[str, Mapping[int, float]], meta: Optional[dict] = None,
@@ -48,8 +50,8 @@ class CostModel:
         self.meta = dict(meta or {})
         self.acceptance: Dict[str, List[float]] = {}
         for family, rates in (acceptance or {}).items():
-            if family not in ("sampled", "top") or not all(0.0 <= float(r) < 1.0 for r in rates):
-                raise ValueError(f"cost model: acceptance must map 'sampled' / 'top' to rates in [0, 1), "
+            if family not in FAMILIES or not all(0.0 <= float(r) < 1.0 for r in rates):
+                raise ValueError(f"cost model: acceptance must map a family of {FAMILIES} to rates in [0, 1), "
                                  f"got {family!r}: {rates!r}")
             self.acceptance[family] = [float(r) for r in rates]
 
@@ -91,7 +93,10 @@ def device_name(device: torch.device) -> str:
 
 
 def model_fingerprint(model) -> dict:
-    """Cheap identity of a model: its class, config, parameter count and dtype (no weight hashing)."""
+    """Cheap identity of a model: its class, config, parameter count and dtype (no weight hashing); None (no
+    drafter: Jacobi self-drafting) -> {"class": "none"}."""
+    if model is None:
+        return {"class": "none"}
     module = getattr(model, "model", model)  # GPTDrafter wraps a Transformer
     params = list(module.parameters())
     config = getattr(module, "config", None)

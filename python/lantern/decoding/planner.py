@@ -2,7 +2,8 @@
 step) that maximises the expected tokens per second of the rows still generating.
 
 - ``Plan``: one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2 dynamic tree of a
-  node budget). The candidate set is small and bucketed (``candidate_plans``).
+  node budget, or, for Jacobi self-drafting (method "sjd"), a window of W drafts). The candidate set is small
+  and bucketed (``candidate_plans``, ``jacobi_plans``).
 - ``AcceptanceModel``: per-plan, per-depth acceptance estimated online from the run's own verify results
   (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans of one
   draft family share what they learn through a chain-equivalent per-depth rate: a tree of effective width e
@@ -10,7 +11,8 @@ step) that maximises the expected tokens per second of the rows still generating
   trees and vice versa. The two families, sampled drafts (chains and static trees: a draft x drawn from the
   drafter's q is kept with probability min(1, p(x)/q(x)), so a level accepts with probability 1 - TV(p, q)) and
   deterministic drafts (top-1 chains and EAGLE-2 trees: a level accepts with probability p(top draft)), accept
-  at very different rates on a diffuse image-token distribution and are pooled separately.
+  at very different rates on a diffuse image-token distribution and are pooled separately; so are Jacobi
+  windows (the target's own earlier predictions, docs/sjd.md), a third family.
 - ``Planner``: expected tokens (acceptance model) over predicted seconds (``costs.CostModel``), per plan;
   AR wins ties, so it never picks a plan its own models predict slower than AR.
 
@@ -26,7 +28,8 @@ DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
 # static trees of sampled drafts (``trees.static_shape``): 5, 10 and 15 nodes with the root
 STATIC_SHAPES = ((2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1))
 DRAFT_KINDS = (None, "deterministic", "sampled")
-FAMILIES = {True: "sampled", False: "top"}  # Plan.samples -> the name of its draft family
+FAMILIES = ("sampled", "top", "jacobi")  # draft families (``Plan.family``), pooled separately
+JACOBI_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows tree="auto" chooses from (method "sjd")
 # EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
 # few drafter forwards (depth) for small trees
 DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
@@ -37,7 +40,7 @@ WIDTH_EXPONENT = 0.3  # effective width of a tree level: (nodes per level) ** WI
 @dataclass(frozen=True)
 class Plan:
     name: str  # "ar", "chain3", "tree16", or the explicit config's tree kind
-    kind: str  # "ar" | "chain" | "dynamic" | "static"
+    kind: str  # "ar" | "chain" | "dynamic" | "static" | "jacobi" (a window of W = depth self-drafts)
     depth: int = 0  # draft levels below the root
     n_nodes: int = 0  # dynamic: drafted nodes kept
     top_per_node: int = 0  # dynamic: children per expanded node and beam width
@@ -52,6 +55,13 @@ class Plan:
     def samples(self) -> bool:
         """Whether the drafts are drawn from the drafter's distribution (else its top tokens)."""
         return self.kind == "static" or (self.kind == "chain" and self.sampled)
+
+    @property
+    def family(self) -> str:
+        """The draft family whose acceptance data the plan shares (``FAMILIES``)."""
+        if self.kind == "jacobi":
+            return "jacobi"
+        return "sampled" if self.samples else "top"
 
     def effective_width(self) -> float:
         """How many alternatives a level offers, for the shared acceptance model (a chain: 1)."""
@@ -92,6 +102,19 @@ def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS
     return plans
 
 
+def jacobi_plan(window: int) -> Plan:
+    """A Jacobi self-drafting step over a window of ``window`` drafts (one target forward, no drafter)."""
+    return Plan(f"sjd{window}", "jacobi", depth=window)
+
+
+def jacobi_plans(max_window: int = 8, windows: Sequence[int] = JACOBI_WINDOWS) -> List[Plan]:
+    """AR and the Jacobi windows of ``windows`` up to ``max_window``, ``max_window`` itself included."""
+    if max_window < 1:
+        raise ValueError(f"max_window must be >= 1, got {max_window}")
+    sizes = sorted({w for w in windows if 1 <= w <= max_window} | {max_window})
+    return [AR_PLAN] + [jacobi_plan(w) for w in sizes]
+
+
 class AcceptanceModel:
     """P(accept_len >= d) per plan, from the run's verify results blended with a prior.
 
@@ -99,7 +122,7 @@ class AcceptanceModel:
     the image), hits = those that accepted d. h_p(d) = (hits + w ĥ_p(d)) / (trials + w), ĥ_p(d) the shared
     model's prediction; the shared chain-equivalent rate b_d pools every plan's data the same way against
     the prior (weight ``prior_weight`` rows): ``prior_rates[family][d - 1]`` where given (the chain-equivalent
-    rates the calibration measured on these models, ``measured_rates``; family "sampled" or "top"), else
+    rates the calibration measured on these models, ``measured_rates``; a family of ``FAMILIES``), else
     ``prior`` for every level."""
 
     def __init__(self, prior: float = 0.5, prior_weight: float = 8.0, plan_weight: float = 8.0,
@@ -109,8 +132,8 @@ class AcceptanceModel:
         if not 0.0 < memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {memory}")
         for family, rates in (prior_rates or {}).items():
-            if family not in FAMILIES.values() or not all(0.0 <= float(r) < 1.0 for r in rates):
-                raise ValueError(f"prior_rates must map 'sampled' / 'top' to rates in [0, 1), got {prior_rates}")
+            if family not in FAMILIES or not all(0.0 <= float(r) < 1.0 for r in rates):
+                raise ValueError(f"prior_rates must map a family of {FAMILIES} to rates in [0, 1), got {prior_rates}")
         self.prior, self.prior_weight, self.plan_weight, self.memory = prior, prior_weight, plan_weight, memory
         self.prior_rates = {k: [float(r) for r in v] for k, v in (prior_rates or {}).items()}
         self.counts: Dict[Plan, List[List[float]]] = {}  # plan -> [hits per depth, trials per depth]
@@ -133,16 +156,16 @@ class AcceptanceModel:
                 hits[d] *= self.memory
                 trials[d] *= self.memory
 
-    def chain_rates(self, max_depth: int, samples: bool = False) -> List[float]:
+    def chain_rates(self, max_depth: int, family: str = "top") -> List[float]:
         """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level over the plans of
-        one draft family (``samples``: sampled drafts, else top-k drafts; one pass over the data; a level no
-        plan reached yet gets every level's pooled rate)."""
-        measured = self.prior_rates.get(FAMILIES[samples], [])
+        one draft family (``FAMILIES``; one pass over the data; a level no plan reached yet gets every level's
+        pooled rate)."""
+        measured = self.prior_rates.get(family, [])
         prior = sum(measured) / len(measured) if measured else self.prior
         overall_n, overall = self.prior_weight, prior * self.prior_weight
         level_n, level = [0.0] * max_depth, [0.0] * max_depth
         for plan, (hits, trials) in self.counts.items():
-            if plan.samples != samples:
+            if plan.family != family:
                 continue
             inv_e = 1.0 / plan.effective_width()
             for d in range(min(plan.depth, max_depth)):
@@ -157,14 +180,14 @@ class AcceptanceModel:
         return [(level[d] + self.prior_weight * (measured[d] if d < len(measured) else pooled)) /
                 (level_n[d] + self.prior_weight) for d in range(max_depth)]
 
-    def chain_rate(self, depth: int, samples: bool = False) -> float:
-        """b_d of level ``depth`` (1-based) for the draft family ``samples``."""
-        return self.chain_rates(depth, samples)[depth - 1]
+    def chain_rate(self, depth: int, family: str = "top") -> float:
+        """b_d of level ``depth`` (1-based) for the draft family ``family``."""
+        return self.chain_rates(depth, family)[depth - 1]
 
     def level_rates(self, plan: Plan, chain_rates: Optional[Sequence[float]] = None) -> List[float]:
         """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1). chain_rates: the plan's
         family's b_d (computed when None)."""
-        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth, plan.samples)
+        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth, plan.family)
         e = plan.effective_width()
         counts = self.counts.get(plan)
         rates = []
@@ -204,9 +227,9 @@ def measured_rates(counts: Dict[Plan, Tuple[Sequence[float], Sequence[float]]], 
     model = AcceptanceModel(prior=0.5, prior_weight=1.0)
     for plan, (hits, trials) in counts.items():
         model.observe(plan, hits, trials)
-    families = {p.samples for p, (_, trials) in counts.items() if not p.is_ar and sum(trials) > 0}
-    return {FAMILIES[samples]: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, samples)]
-            for samples in sorted(families)}
+    families = {p.family for p, (_, trials) in counts.items() if not p.is_ar and sum(trials) > 0}
+    return {family: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, family)]
+            for family in sorted(families)}
 
 
 @dataclass
@@ -319,13 +342,13 @@ class Planner:
 
     def rates(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> List[Tuple[float, float, Plan]]:
         """(expected tokens, predicted seconds, plan) for every candidate, AR first."""
-        b = {samples: self.acceptance.chain_rates(self.max_depth, samples)
-             for samples in {p.samples for p in self.plans if not p.is_ar}}
+        b = {family: self.acceptance.chain_rates(self.max_depth, family)
+             for family in {p.family for p in self.plans if not p.is_ar}}
         ratios = self._ratios() if self.adapt_costs else None
         out = []
         for plan in self.plans:
             seconds = self.step_seconds(plan, rows, ratios)
-            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b.get(plan.samples)),
+            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b.get(plan.family)),
                         seconds, plan))
         return out
 
@@ -368,10 +391,9 @@ class Planner:
             pair[1] += self.cost_model.step_seconds(decision.plan.name, decision.rows)
 
     def summary(self) -> dict:
-        families = {p.samples for p in self.plans if not p.is_ar}
-        rates = {FAMILIES[samples]: [round(b, 4) for b in
-                                                     self.acceptance.chain_rates(self.max_depth, samples)]
-                 for samples in sorted(families)}
+        families = {p.family for p in self.plans if not p.is_ar}
+        rates = {family: [round(b, 4) for b in self.acceptance.chain_rates(self.max_depth, family)]
+                 for family in sorted(families)}
         return {"plans": {name: rec.as_dict() for name, rec in sorted(self.records.items(),
                                                                          key=lambda kv: -kv[1].steps)},
                 "chain_rate_per_depth": rates}
