@@ -31,8 +31,9 @@ MAX_AGE_DAYS = 30
 
 class CostModel:
     """points[plan name] = {rows: seconds per step}; acceptance[family] = the chain-equivalent acceptance per
-    draft level that the calibration's steps measured on these models (``planner.FAMILIES``; the
-    planner's prior, ``planner.AcceptanceModel``), or empty."""
+    draft level that the calibration's steps measured on these models (``planner.FAMILIES``; a Jacobi window
+    also has its own levels' rates under its name; the planner's prior, ``planner.AcceptanceModel``), or
+    empty."""
 
     def __init__(self, points: Mapping[str, Mapping[int, float]], meta: Optional[dict] = None,
                  acceptance: Optional[Mapping[str, List[float]]] = None):
@@ -50,8 +51,9 @@ class CostModel:
         self.meta = dict(meta or {})
         self.acceptance: Dict[str, List[float]] = {}
         for family, rates in (acceptance or {}).items():
-            if family not in FAMILIES or not all(0.0 <= float(r) < 1.0 for r in rates):
-                raise ValueError(f"cost model: acceptance must map a family of {FAMILIES} to rates in [0, 1), "
+            if not isinstance(family, str) or not all(0.0 <= float(r) < 1.0 for r in rates):
+                raise ValueError(f"cost model: acceptance must map a family of {FAMILIES} (or a plan's name) to "
+                                 f"rates in [0, 1), "
                                  f"got {family!r}: {rates!r}")
             self.acceptance[family] = [float(r) for r in rates]
 

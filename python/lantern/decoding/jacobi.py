@@ -5,9 +5,9 @@ Each row keeps a window of ``slots`` drafts for the positions right after its co
 probability row q it was drawn from (``JacobiWindow``). A step feeds the root and the first W drafts to the
 target as a chain, verifies them with ``ops.verify`` (sampled drafts, draft_probs = the stored q rows), and
 builds the next window from that forward's own predictions (``JacobiWindow.advance``): the slot a position
-takes over is drawn from the target's distribution at that position in this forward; slots past the forward
-are kept from the old window, or filled fresh (``FRESH_INITS``). The rules and the proof that δ = 0 stays
-exact: docs/sjd.md.
+takes over is drawn from the target's distribution at that position in this forward; past the forward's
+reach a slot keeps an earlier forward's draw for its position, if it has one, or is filled fresh
+(``FRESH_INITS``). The rules and the proof that δ = 0 stays exact: docs/sjd.md.
 """
 from __future__ import annotations
 
@@ -22,9 +22,11 @@ COUPLED_OFFSET = 0  # coupled drafts: every draw of one absolute position uses t
 
 class JacobiWindow:
     """Per row b: tokens[b, i] the draft of image position n_done[b] + i (i < slots), q[b, i] the row it was
-    drawn from (one-hot for a copied token). Draws use the drafter's Philox stream (``sample_without_replacement``)
-    keyed by the absolute position: at offset = the step (independent draws), or at ``COUPLED_OFFSET`` for every
-    step (``coupled``: a position keeps its uniforms, so a draw from a nearly unchanged row repeats its token)."""
+    drawn from (one-hot for a copied token), jacobi[b, i] whether that row was a forward's prediction of this
+    very position (else the slot is fresh; the Jacobi slots are a prefix of the window). Draws use the
+    drafter's Philox stream (``sample_without_replacement``) keyed by the absolute position: at offset = the
+    step (independent draws), or at ``COUPLED_OFFSET`` for every step (``coupled``: a position keeps its
+    uniforms, so a draw from a nearly unchanged row repeats its token)."""
 
     def __init__(self, root: torch.Tensor, root_probs: torch.Tensor, slots: int, init: str, coupled: bool,
                  seed: int):
@@ -36,9 +38,9 @@ class JacobiWindow:
         B, V = root_probs.shape
         self.tokens = torch.zeros(B, slots, dtype=torch.int64)
         self.q = torch.zeros(B, slots, V, dtype=torch.float32)
-        fresh = torch.ones(B, slots, dtype=torch.bool)
+        self.jacobi = torch.zeros(B, slots, dtype=torch.bool)
         rows = root_probs.float()[:, None].expand(B, slots, V)
-        self._fill(fresh, rows, root, torch.ones(B, dtype=torch.int64), 0)
+        self._fill(~self.jacobi, rows, root, torch.ones(B, dtype=torch.int64), 0)
 
     def chain(self, root: torch.Tensor, W: int):
         """root [B] -> (tokens [B, W + 1]: the root, then the first W drafts; draft_probs [B, W + 1, V]: node j's
@@ -53,19 +55,20 @@ class JacobiWindow:
         """After a step that fed W drafts: accept_len [B] drafts accepted, next_token [B] the committed token
         after them (the new root), probs [B, W + 1, V] the target's sampling rows at the forward's nodes (node j
         predicts old slot j), n_done [B] committed tokens after the step. New slot i takes over old slot
-        s = accept_len + 1 + i: drawn from node s's row when s <= W (the Jacobi update), the old draft when the
-        forward did not reach it (W < s < slots), else fresh."""
+        s = accept_len + 1 + i: drawn from node s's row when s <= W (the Jacobi update); past the forward
+        (W < s < slots) the old draft if it was a Jacobi draw; else fresh."""
         B, S, V = self.q.shape
         old = accept_len[:, None] + 1 + torch.arange(S)  # [B, S]
         jacobi = old <= W
-        kept = (old > W) & (old < S)
-        rows = probs.float().gather(1, old.clamp(max=W)[..., None].expand(B, S, V))  # [B, S, V]
         old_idx = old.clamp(max=S - 1)
+        kept = (old > W) & (old < S) & self.jacobi.gather(1, old_idx)
+        rows = probs.float().gather(1, old.clamp(max=W)[..., None].expand(B, S, V))  # [B, S, V]
         tokens = self.tokens.gather(1, old_idx)
         q = self.q.gather(1, old_idx[..., None].expand(B, S, V))
         self.tokens = torch.where(kept, tokens, self.tokens)
         self.q = torch.where(kept[..., None], q, self.q)
         self._fill(~kept, rows, next_token, n_done, step, jacobi)
+        self.jacobi = jacobi | kept
 
     def _fill(self, new: torch.Tensor, rows: torch.Tensor, root: torch.Tensor, n_done: torch.Tensor, step: int,
               jacobi: torch.Tensor = None) -> None:

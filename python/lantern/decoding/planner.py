@@ -29,7 +29,7 @@ DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
 STATIC_SHAPES = ((2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1))
 DRAFT_KINDS = (None, "deterministic", "sampled")
 FAMILIES = ("sampled", "top", "jacobi")  # draft families (``Plan.family``), pooled separately
-JACOBI_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows tree="auto" chooses from (method "sjd")
+JACOBI_WINDOWS = (1, 2, 4, 8, 16, 32, 64)  # the windows tree="auto" chooses from (method "sjd")
 # EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
 # few drafter forwards (depth) for small trees
 DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
@@ -123,7 +123,12 @@ class AcceptanceModel:
     model's prediction; the shared chain-equivalent rate b_d pools every plan's data the same way against
     the prior (weight ``prior_weight`` rows): ``prior_rates[family][d - 1]`` where given (the chain-equivalent
     rates the calibration measured on these models, ``measured_rates``; a family of ``FAMILIES``), else
-    ``prior`` for every level."""
+    ``prior`` for every level.
+
+    A Jacobi window's levels accept more the longer the window (its later drafts have been refreshed by more
+    forwards before they are tested, docs/sjd.md), so windows do not share their rates: where
+    ``prior_rates`` has an entry under the plan's own name (its levels' rates h_p(d), measured by the
+    calibration on a run of that plan alone), that entry is ĥ_p."""
 
     def __init__(self, prior: float = 0.5, prior_weight: float = 8.0, plan_weight: float = 8.0,
                  memory: float = 0.98, prior_rates: Optional[Dict[str, Sequence[float]]] = None):
@@ -132,8 +137,9 @@ class AcceptanceModel:
         if not 0.0 < memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {memory}")
         for family, rates in (prior_rates or {}).items():
-            if family not in FAMILIES or not all(0.0 <= float(r) < 1.0 for r in rates):
-                raise ValueError(f"prior_rates must map a family of {FAMILIES} to rates in [0, 1), got {prior_rates}")
+            if not isinstance(family, str) or not all(0.0 <= float(r) < 1.0 for r in rates):
+                raise ValueError(f"prior_rates must map a family of {FAMILIES} (or a plan's name) to rates in "
+                                 f"[0, 1), got {prior_rates}")
         self.prior, self.prior_weight, self.plan_weight, self.memory = prior, prior_weight, plan_weight, memory
         self.prior_rates = {k: [float(r) for r in v] for k, v in (prior_rates or {}).items()}
         self.counts: Dict[Plan, List[List[float]]] = {}  # plan -> [hits per depth, trials per depth]
@@ -187,12 +193,14 @@ class AcceptanceModel:
     def level_rates(self, plan: Plan, chain_rates: Optional[Sequence[float]] = None) -> List[float]:
         """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1). chain_rates: the plan's
         family's b_d (computed when None)."""
-        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth, plan.family)
+        own = self.prior_rates.get(plan.name, [])
+        b = chain_rates if chain_rates is not None or len(own) >= plan.depth else \
+            self.chain_rates(plan.depth, plan.family)
         e = plan.effective_width()
         counts = self.counts.get(plan)
         rates = []
         for d in range(plan.depth):
-            shared = 1.0 - (1.0 - b[d]) ** e
+            shared = own[d] if d < len(own) else 1.0 - (1.0 - b[d]) ** e
             hits, trials = (counts[0][d], counts[1][d]) if counts else (0.0, 0.0)
             rates.append((hits + self.plan_weight * shared) / (trials + self.plan_weight))
         return rates
@@ -223,13 +231,20 @@ def measured_rates(counts: Dict[Plan, Tuple[Sequence[float], Sequence[float]]], 
                    ) -> Dict[str, List[float]]:
     """The chain-equivalent acceptance per level of each draft family that ``counts`` (plan -> (hits,
     trials) per depth, e.g. from a calibration) has data for, to serve as ``prior_rates``. A level without
-    data gets the family's pooled rate (a weak 0.5 prior of one row keeps every rate in (0, 1))."""
+    data gets the family's pooled rate (a weak 0.5 prior of one row keeps every rate in (0, 1)). Each Jacobi
+    window with data also gets its own levels' rates, under its name (the family's pooled rate as a prior of
+    one row)."""
     model = AcceptanceModel(prior=0.5, prior_weight=1.0)
     for plan, (hits, trials) in counts.items():
         model.observe(plan, hits, trials)
     families = {p.family for p, (_, trials) in counts.items() if not p.is_ar and sum(trials) > 0}
-    return {family: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, family)]
-            for family in sorted(families)}
+    rates = {family: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, family)]
+             for family in sorted(families)}
+    for plan, (hits, trials) in counts.items():  # Jacobi windows: each its own levels' rates (class doc)
+        if plan.kind == "jacobi" and sum(trials) > 0:
+            pooled = rates["jacobi"]
+            rates[plan.name] = [min(round((h + b) / (t + 1.0), 4), 0.9999) for h, t, b in zip(hits, trials, pooled)]
+    return rates
 
 
 @dataclass

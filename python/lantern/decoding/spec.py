@@ -725,12 +725,18 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     plan is timed; at a larger one only the plans that could still pay: those no slower than AR at the next
     smaller measured row count (by the acceptance measured so far; a drafting step grows with the rows faster
     than an AR step), whose step would not exceed 4 ``max_point_s`` (``_worth_timing``, and the untimed
-    step). The cost model extrapolates the others along their last slope (pessimistic for them)."""
+    step). The cost model extrapolates the others along their last slope (pessimistic for them).
+
+    A Jacobi window's acceptance depends on the windows the steps before it used (docs/sjd.md), so the
+    interleaved steps say little about it: each window's acceptance is measured on a run of that window alone
+    instead (``_jacobi_counts``; once per cost model, not when extending ``known``)."""
     device = target.tok_embeddings.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     halves = 2 if sampling.guided else 1
     points: Dict[str, Dict[int, float]] = {p.name: dict(known.points.get(p.name, {})) if known else {} for p in plans}
     counts = {p: ([0] * p.depth, [0] * p.depth) for p in plans if not p.is_ar}  # hits, trials per depth
+    if known is None or not known.acceptance:
+        counts.update(_jacobi_counts(target, cond_idx, neighbours, config, sampling, L, plans, emb_masks))
     max_depth = max(p.depth for p in plans)
     new_rows = set()
     for rows in sorted(rows_grid):
@@ -772,7 +778,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                     times[plan.name].append(seconds)
                 elif smaller and seconds > 4 * max_point_s and not plan.is_ar:
                     todo.remove(plan)  # its untimed step already says: extrapolate instead
-                if not plan.is_ar:
+                if not plan.is_ar and plan.kind != "jacobi":
                     hits, trials = counts[plan]
                     for d, (h, t) in enumerate(zip(loop.figures.hits, loop.figures.trials)):
                         hits[d] += h
@@ -787,6 +793,43 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     fresh = {name: {r: s for r, s in by_rows.items() if r in new_rows} for name, by_rows in points.items()}
     return {"points": {name: by_rows for name, by_rows in fresh.items() if by_rows},
             "acceptance": measured_rates(counts, max_depth)}
+
+
+JACOBI_CALIBRATION_IMAGES = 2  # images of each Jacobi window's acceptance run
+JACOBI_CALIBRATION_TOKENS = 32  # tokens per image it generates (at most the image)
+
+
+def _jacobi_counts(target, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
+                   plans: Sequence[Plan], emb_masks=None) -> Dict[Plan, tuple]:
+    """Per Jacobi window of ``plans``: (hits, trials) per depth over a run of that window alone, from the image's
+    start, of JACOBI_CALIBRATION_IMAGES images (labels cycled from cond_idx) and JACOBI_CALIBRATION_TOKENS
+    tokens each."""
+    counts = {}
+    pick = torch.arange(JACOBI_CALIBRATION_IMAGES, device=cond_idx.device) % cond_idx.shape[0]
+    labels, masks = cond_idx[pick], None if emb_masks is None else emb_masks[pick]
+    length = min(L, JACOBI_CALIBRATION_TOKENS)
+    for plan in plans:
+        if plan.kind != "jacobi":
+            continue
+        hits, trials = [0] * plan.depth, [0] * plan.depth
+        loop = _Loop(target, None, labels, neighbours, config, sampling, length, [plan], catch_up=False,
+                     emb_masks=masks)
+        step, last = 0, None
+        with ops.checks.values_checked_by_caller():
+            while True:
+                active = loop.sync(0, last)[0]  # reads the last step's figures
+                if last is not None:
+                    for d, (h, t) in enumerate(zip(last.hits, last.trials)):
+                        hits[d] += h
+                        trials[d] += t
+                if active == 0:
+                    break
+                step += 1
+                loop.step(plan, step)
+                last = loop.figures
+        loop.close()
+        counts[plan] = (hits, trials)
+    return counts
 
 
 def _contains(big: Plan, small: Plan) -> bool:
