@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <utility>
 
@@ -23,6 +24,21 @@ struct CompactKVDims {
   int64_t L, B, H, Lmax, Dh, P;
 };
 
+// Whether the memory spans of a and b (first to last element; torch strides are never negative) intersect.
+// Conservative: two strided views that interleave without sharing an element count as overlapping.
+inline bool memory_overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || a.device() != b.device()) return false;
+  const auto span = [](const at::Tensor& t) {
+    int64_t extent = 0;  // elements from the first to the last
+    for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
+    const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
+    return std::pair<uintptr_t, uintptr_t>{first, first + static_cast<uintptr_t>((extent + 1) * t.element_size())};
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
 inline void check_int64_on_device(const at::Tensor& t, const char* name, const at::Tensor& cache) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, "compact_kv: ", name, " must be int64, got ",
                    t.scalar_type());
@@ -31,7 +47,7 @@ inline void check_int64_on_device(const at::Tensor& t, const char* name, const a
 }
 
 // cache [..., B, Hkv, Lmax, Dh] any float dtype, contiguous; cache_len int64 [B];
-// path_nodes int64 [B, P]; n_keep int64 [B].
+// path_nodes int64 [B, P]; n_keep int64 [B]; none of the three in cache's memory.
 inline CompactKVDims check_compact_kv(const at::Tensor& cache, const at::Tensor& cache_len,
                                       const at::Tensor& path_nodes, const at::Tensor& n_keep) {
   TORCH_CHECK_VALUE(cache.dim() >= 4, "compact_kv: cache must have shape [..., B, Hkv, Lmax, Dh], got ",
@@ -45,6 +61,12 @@ inline CompactKVDims check_compact_kv(const at::Tensor& cache, const at::Tensor&
   check_int64_on_device(cache_len, "cache_len", cache);
   check_int64_on_device(path_nodes, "path_nodes", cache);
   check_int64_on_device(n_keep, "n_keep", cache);
+  // The kernels read the lengths and indices while they write the cache: inputs in its memory would be
+  // overwritten mid-copy (and then index outside it).
+  for (const auto& [t, name] : {std::pair{&cache_len, "cache_len"}, std::pair{&path_nodes, "path_nodes"},
+                                std::pair{&n_keep, "n_keep"}})
+    TORCH_CHECK_VALUE(!memory_overlaps(cache, *t), "compact_kv: ", name,
+                      " overlaps the memory of cache, which is modified in place; pass a copy");
   TORCH_CHECK_VALUE(cache_len.dim() == 1 && cache_len.size(0) == g.B, "compact_kv: cache_len must have shape [",
                     g.B, "] (B = cache.shape[-4]), got ", cache_len.sizes());
   TORCH_CHECK_VALUE(n_keep.dim() == 1 && n_keep.size(0) == g.B, "compact_kv: n_keep must have shape [", g.B,

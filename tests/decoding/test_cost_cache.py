@@ -124,7 +124,8 @@ def test_a_new_row_count_extends_the_cached_model(tmp_path):
 
 
 def test_calibration_at_a_larger_batch_times_only_the_plans_that_could_pay(tmp_path, monkeypatch):
-    """A plan slower than AR at the smaller row count is not timed at the larger one (extrapolated)."""
+    """A plan slower than AR at the smaller row count is not timed at the larger one; its point there is
+    the bound that ruled it out."""
     from lantern.decoding.spec import Sampling, calibrate
 
     torch.manual_seed(0)
@@ -132,13 +133,17 @@ def test_calibration_at_a_larger_batch_times_only_the_plans_that_could_pay(tmp_p
     drafter = EagleDrafter(target.config).bind(target).eval()
     chain1, chain2 = Plan("chain1", "chain", depth=1, sampled=True), Plan("chain2", "chain", depth=2, sampled=True)
     config = SpecConfig(method="spec", plans=[AR_PLAN, chain1, chain2])
-    # measured at 2 rows: chain1 pays (1.7 tokens for 1.2 AR steps), chain2 does not (2.1 for 2.5)
-    known = costs.CostModel({"ar": {2: 0.010}, "chain1": {2: 0.012}, "chain2": {2: 0.025}},
+    # "measured" at 2 rows with AR slower than at 4 rows will be (no growth to add): chain1 far cheaper than any
+    # AR step, chain2 far dearer (1 s for 2.1 tokens a row) than the 1-layer model's AR step at 4 rows
+    known = costs.CostModel({"ar": {2: 1.0}, "chain1": {2: 1e-5}, "chain2": {2: 1.0}},
                             acceptance={"sampled": [0.7, 0.6]})
     with torch.no_grad():
         got = calibrate(target, drafter, torch.tensor([0, 1]), None, config, Sampling(cfg_scale=2.0), 16,
                         [AR_PLAN, chain1, chain2], rows_grid=[4], known=known)
-    assert set(got["points"]) == {"ar", "chain1"} and set(got["points"]["ar"]) == {4}
+    assert set(got["points"]["ar"]) == {4} and set(got["points"]["chain1"]) == {4}
+    # chain2 was not timed: its point is the bound that left it out (its 2-row second, AR having grown by
+    # nothing), not the 2-row slope extrapolated, so no planner sees it paying at 4 rows
+    assert got["points"]["chain2"] == {4: 1.0}
     assert set(got["acceptance"]) == {"sampled"}
 
 

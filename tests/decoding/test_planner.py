@@ -71,9 +71,11 @@ def test_measured_step_times_correct_the_cost_model():
         truth = p.cost_model.step_seconds(decision.plan.name, 2) * (1 if decision.plan.is_ar else 10)
         p.record(decision, round(decision.expected_tokens), truth)
         p.forget()
-    assert chosen[0] == AR_PLAN  # a probe: AR's time is measured before anything is compared with it
-    assert not chosen[1].is_ar and chosen[-1] == AR_PLAN
-    assert sum(not plan.is_ar for plan in chosen) <= 4
+    # probes: AR's time is measured before anything is compared with it; a plan's first step (its shapes'
+    # first calls) is not counted, so AR is probed twice
+    assert chosen[:2] == [AR_PLAN, AR_PLAN]
+    assert not chosen[2].is_ar and chosen[-1] == AR_PLAN
+    assert sum(not plan.is_ar for plan in chosen) <= 5
     assert p.step_seconds(AR_PLAN, 2) == pytest.approx(p.cost_model.step_seconds("ar", 2), rel=0.05)
     frozen = planner(synthetic_costs(dispatch=0.01, per_token=1e-5, drafter=5e-4))
     decision = frozen.choose(rows=2, n_active=1, rows_reaching=[1] * 5)

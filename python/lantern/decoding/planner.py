@@ -33,6 +33,7 @@ JACOBI_WINDOWS = (1, 2, 4, 8, 16, 32, 64)  # the windows tree="auto" chooses fro
 # EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
 # few drafter forwards (depth) for small trees
 DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
+COST_PRIOR_STEPS = 2.0  # adapt_costs: a plan's own measured steps against this many predicted ones
 AR_EVIDENCE = 0.25  # adapt_costs: probe AR when its recent steps weigh less than this many steps
 WIDTH_EXPONENT = 0.3  # effective width of a tree level: (nodes per level) ** WIDTH_EXPONENT (see module doc)
 
@@ -296,9 +297,10 @@ class Planner:
     With ``adapt_costs`` the calibrated seconds are corrected by the run's own step times (sums over recent
     steps, forgotten like the acceptance data): AR's by measured / predicted of its steps; a drafting plan
     p's by (measured_p + c r) / (predicted_p + c), r the same ratio over every drafting plan (the device
-    got busier, or the calibration misjudged drafting), c one predicted step of p. AR's time is measured
+    got busier, or the calibration misjudged drafting), c COST_PRIOR_STEPS predicted steps of p. AR's time is measured
     first (``choose`` probes it), so a calibration taken while the device was loaded differently is
-    corrected within a few steps. Without adapt_costs the choice depends on the models alone (reproducible).
+    corrected within a few steps. A plan's first step in the run is not counted: it pays its shapes' first
+    calls (one such step of a tree measured 1.5 times its prediction and turned a run to AR). Without adapt_costs the choice depends on the models alone (reproducible).
 
     ``margin``: a drafting plan is chosen only when its predicted tokens/s beat AR's by more than this
     fraction. Near break-even (a compute-bound device, a wide batch) the prediction's errors decide, and
@@ -335,7 +337,8 @@ class Planner:
         if plan.is_ar:
             return seconds * ar_ratio
         m, p = self.recent.get(plan.name, (0.0, 0.0))
-        return seconds * (m + seconds * spec_ratio) / (p + seconds)
+        c = COST_PRIOR_STEPS * seconds
+        return seconds * (m + c * spec_ratio) / (p + c)
 
     def _ratios(self) -> Tuple[float, float]:
         """measured / predicted over AR's recent steps, and over every drafting plan's."""
@@ -400,7 +403,7 @@ class Planner:
         rec.predicted_s += decision.predicted_s
         rec.tokens += tokens
         rec.measured_s += measured_s
-        if self.adapt_costs:
+        if self.adapt_costs and rec.steps > 1:  # a plan's first step pays its shapes' first calls
             pair = self.recent.setdefault(decision.plan.name, [0.0, 0.0])
             pair[0] += measured_s
             pair[1] += self.cost_model.step_seconds(decision.plan.name, decision.rows)

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .ar import check_condition, check_length, condition_masks, nonfinite_logits, sample_next
+from .ar import check_condition, check_length, condition_masks, generate_ar, nonfinite_logits, sample_next
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
 from .jacobi import FRESH_INITS, JacobiWindow
@@ -42,7 +42,7 @@ from .trees import (DraftScorer, grow_chain, grow_dynamic, grow_static, guided_l
 STATIC_WIDTHS = (6, 4, 3, 2, 1, 1)  # 56 nodes with the root
 TREES = ("auto", "chain", "static", "dynamic")
 METHODS = ("spec", "lantern", "sjd")
-CALIBRATION_ROWS = (2, 16)  # rows (2 x images with guidance) at which each plan's step is timed, and the run's
+CALIBRATION_ROWS = (2,)  # rows (2 x images with guidance) at which each plan's step is timed, and the run's
 
 
 @dataclass
@@ -601,18 +601,28 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
     return loop.out, stats
 
 
+PRIOR_STEPS = 8  # tree=auto: the acceptance prior's weight, in steps of the batch
+
+
 def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model, emb_masks=None):
     t0 = time.perf_counter()
     stats = SpecStats()
+    # the prior weighs PRIOR_STEPS steps of the whole batch: a step of 10 rows is 10 trials, and two
+    # unlucky steps must not outweigh a calibration's rates and turn a run to AR for good (AR steps
+    # bring no acceptance data)
     acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory,
-                                 prior_rates=cost_model.acceptance)
+                                 prior_rates=cost_model.acceptance, prior_weight=PRIOR_STEPS * cond_idx.shape[0])
     planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs,
                       margin=config.margin)
+    max_depth = planner.max_depth
+    B = cond_idx.shape[0]
+    first = planner.choose(B * (2 if sampling.guided else 1), B, _progress_at_start(B, L, max_depth)[1:])
+    if first.plan.is_ar and not first.probe:
+        return _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, first, stats, t0)
     compiled = CompileStats() if config.compile else None
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True,
                  emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
-    max_depth = planner.max_depth
     step, decision, last, forwards, n_emit, steps = 0, None, None, 0, None, []
     t_step = time.perf_counter()
     with ops.checks.values_checked_by_caller():
@@ -645,6 +655,41 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
     _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
     return loop.out, stats
+
+
+def _progress_at_start(B: int, L: int, max_depth: int) -> List[int]:
+    """``_Loop.progress`` before the first step (every row has its first token): [1 + max_depth]."""
+    return [B if L - 1 - d >= 1 else 0 for d in range(max_depth + 1)]
+
+
+def _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, decision, stats, t0):
+    """tree="auto" when AR is the plan of the first step: then it is the plan of every step (AR steps give
+    the acceptance model no data, their measured time corrects every plan's predicted time alike, and the
+    rows' remaining tokens only shrink, which favours AR further), so the run is ``generate_ar``'s loop: the
+    same tokens as AR steps of the speculative loop (one stream, offset = token index), without its
+    drafter, tree bookkeeping and per-step host read."""
+    B = cond_idx.shape[0]
+    progress = None if on_step is None else (lambda step: on_step(torch.ones(B, dtype=torch.int64))
+                                             if step >= 1 else None)
+    compile_stats: dict = {}
+    tokens = generate_ar(target, cond_idx, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
+                         top_k=sampling.top_k, top_p=sampling.top_p, cfg_interval=sampling.cfg_interval,
+                         seed=sampling.seed, on_token=progress, length=L, emb_masks=emb_masks,
+                         compile=config.compile, stats=compile_stats)
+    stats.wall_s = time.perf_counter() - t0
+    steps = L - 1
+    stats.steps = steps
+    stats.target_forwards = L
+    stats.row_steps = stats.emitted = B * steps
+    stats.accept_lens = [torch.zeros(B, dtype=torch.int64) for _ in range(steps)]
+    stats.plan_counts = {AR_PLAN.name: steps} if steps else {}
+    for _ in range(steps):  # the steps' time, shared out evenly (no step was timed alone)
+        planner.record(decision, B, stats.wall_s / steps)
+    stats.planner = dict(planner.summary(), cost_model={k: v for k, v in planner.cost_model.meta.items()
+                                                        if k != "key"}, all_ar=True)
+    stats.compile_s = compile_stats.get("compile_s", 0.0)
+    stats.compiled_graphs = compile_stats.get("compiled_graphs", 0)
+    return tokens, stats
 
 
 # -- calibration ------------------------------------------------------------------------------------------
@@ -720,12 +765,15 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     after AR steps as it does in a run, and a change of the device's load during the calibration hits
     every plan alike; an AR step runs before each drafting plan's, so AR, the reference, is timed often and
     next to every plan. A step's time includes its host read (``_Loop.sync``). The first round is not timed
-    (first calls, caches); a plan's point is its fastest of ``reps`` timed steps (on a shared device, load
-    only ever adds time). A fresh state starts when a row finishes its image. At the smallest row count every
-    plan is timed; at a larger one only the plans that could still pay: those no slower than AR at the next
-    smaller measured row count (by the acceptance measured so far; a drafting step grows with the rows faster
-    than an AR step), whose step would not exceed 4 ``max_point_s`` (``_worth_timing``, and the untimed
-    step). The cost model extrapolates the others along their last slope (pessimistic for them).
+    (first calls, caches); a point is the fastest of ``reps`` timed steps (on a shared device, load only ever
+    adds time). A fresh state starts when a row finishes its image.
+
+    At the smallest row count every plan is timed. At a larger one AR is timed first, and then only the
+    plans that could pay there (``_could_pay``: their time at the largest smaller row count grown by AR's
+    growth times their nodes, and the acceptance measured so far); an untimed step longer than 4
+    ``max_point_s`` drops a plan too. A plan left out gets, as its point there, the time that left it out
+    (the prediction, or that untimed step): extrapolating its smaller row counts' slope could make it look
+    cheaper than the bound that said it cannot pay, and the planner would choose it.
 
     A Jacobi window's acceptance depends on the windows the steps before it used (docs/sjd.md), so the
     interleaved steps say little about it: each window's acceptance is measured on a run of that window alone
@@ -744,51 +792,62 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
         rows = B * halves
         pick = torch.arange(B, device=cond_idx.device) % cond_idx.shape[0]
         labels, masks = cond_idx[pick], None if emb_masks is None else emb_masks[pick]
+        state = {"loop": None, "step": 0}
+
+        def timed_step(plan: Plan) -> float:
+            loop = state["loop"]
+            if loop is None or bool((loop.n_done >= L).any()):  # one host read, outside any timing
+                if loop is not None:
+                    loop.close()
+                loop = state["loop"] = _Loop(target, drafter, labels, neighbours, config, sampling, L, plans,
+                                             catch_up=True, emb_masks=masks)
+            state["step"] += 1
+            sync()
+            t0 = time.perf_counter()
+            with ops.checks.values_checked_by_caller():  # as in the decoding loop
+                loop.step(plan, state["step"])
+                loop.sync(max_depth, loop.figures)  # the step's host read, as in the loop
+            sync()
+            seconds = time.perf_counter() - t0
+            if not plan.is_ar and plan.kind != "jacobi":  # a window's acceptance: _jacobi_counts
+                hits, trials = counts[plan]
+                for d, (h, t) in enumerate(zip(loop.figures.hits, loop.figures.trials)):
+                    hits[d] += h
+                    trials[d] += t
+            return seconds
+
+        times: Dict[str, List[float]] = {p.name: [] for p in plans}
+        bounds: Dict[str, float] = {}
         smaller = [r for r in points[AR_PLAN.name] if r < rows]
-        if smaller:
-            acceptance = measured_rates(counts, max_depth) if any(sum(t) for _, t in counts.values()) else \
+        todo = list(plans)
+        if smaller:  # AR first, then the plans that could pay at this row count
+            times[AR_PLAN.name] = [timed_step(AR_PLAN) for _ in range(reps + 1)][1:]
+            rates = measured_rates(counts, max_depth) if any(sum(t) for _, t in counts.values()) else \
                 (known.acceptance if known else {})
-            todo = [p for p in plans if p.is_ar or (_worth_timing(points[p.name], rows, max_point_s)
-                                                   and _could_pay(p, points, max(smaller), halves, acceptance))]
-        else:
-            todo = list(plans)
-        times: Dict[str, List[float]] = {p.name: [] for p in todo}
-        loop, step = None, 0
+            todo = [p for p in plans if p.is_ar or _could_pay(p, points, max(smaller), rows, min(times["ar"]),
+                                                             halves, rates, max_point_s)]
+            for p in plans:  # a plan left out gets the bound that left it out: never a cheaper extrapolation
+                if p not in todo and max(smaller) in points[p.name]:
+                    bounds[p.name] = _predicted(p, points, max(smaller), min(times["ar"]))
         for rnd in range(reps + 1):
-            # AR, the reference every plan is compared with, before each drafting plan: many samples, and
-            # each one next to a plan's
-            order = [q for p in todo if not p.is_ar for q in (AR_PLAN, p)] or [AR_PLAN]
-            for plan in order:
+            # AR, the reference every plan is compared with, before each drafting plan's step
+            for plan in [q for p in todo if not p.is_ar for q in (AR_PLAN, p)] or [AR_PLAN]:
                 if plan not in todo:
                     continue
-                if loop is None or bool((loop.n_done >= L).any()):  # one host read, outside any timing
-                    if loop is not None:
-                        loop.close()
-                    loop = _Loop(target, drafter, labels, neighbours, config, sampling, L, plans, catch_up=True,
-                                 emb_masks=masks)
-                step += 1
-                sync()
-                t0 = time.perf_counter()
-                with ops.checks.values_checked_by_caller():  # as in the decoding loop
-                    loop.step(plan, step)
-                    loop.sync(max_depth, loop.figures)  # the step's host read, as in the loop
-                sync()
-                seconds = time.perf_counter() - t0
+                seconds = timed_step(plan)
                 if rnd > 0:
                     times[plan.name].append(seconds)
                 elif smaller and seconds > 4 * max_point_s and not plan.is_ar:
-                    todo.remove(plan)  # its untimed step already says: extrapolate instead
-                if not plan.is_ar and plan.kind != "jacobi":
-                    hits, trials = counts[plan]
-                    for d, (h, t) in enumerate(zip(loop.figures.hits, loop.figures.trials)):
-                        hits[d] += h
-                        trials[d] += t
-        if loop is not None:
-            loop.close()
+                    todo.remove(plan)  # its untimed step already says it is too slow: that step is its point
+                    bounds[plan.name] = seconds
+        if state["loop"] is not None:
+            state["loop"].close()
         for name, measured in times.items():
             if measured:
                 points[name][rows] = min(measured)
                 new_rows.add(rows)
+            elif name in bounds:
+                points[name][rows] = bounds[name]
     _nested_min(points, plans)
     fresh = {name: {r: s for r, s in by_rows.items() if r in new_rows} for name, by_rows in points.items()}
     return {"points": {name: by_rows for name, by_rows in fresh.items() if by_rows},
@@ -832,6 +891,31 @@ def _jacobi_counts(target, cond_idx, neighbours, config: SpecConfig, sampling: S
     return counts
 
 
+PRUNE_SLACK = 0.25  # calibrate: a plan predicted this much slower than AR at a row count is still timed there
+
+
+def _predicted(plan: Plan, points: Dict[str, Dict[int, float]], at: int, ar_seconds: float) -> float:
+    """A plan's step where an AR step takes ``ar_seconds``, from its time at ``at`` rows: plus AR's growth
+    since ``at`` rows times its nodes (the target's forward grows with its tokens, rows x nodes)."""
+    ar_growth = max(ar_seconds - points[AR_PLAN.name][at], 0.0)
+    return points[plan.name][at] + ar_growth * _tree_size(plan)
+
+
+def _could_pay(plan: Plan, points: Dict[str, Dict[int, float]], at: int, rows: int, ar_seconds: float,
+               halves: int, acceptance, max_point_s: float) -> bool:
+    """Whether to time ``plan`` at ``rows`` rows, where an AR step took ``ar_seconds`` (see ``calibrate``):
+    measured at ``at`` rows, predicted (``_predicted``) within 4 max_point_s and at most PRUNE_SLACK slower
+    than AR in tokens per second, every row drafting every level at the acceptance measured so far."""
+    if at not in points[plan.name]:
+        return False
+    seconds = _predicted(plan, points, at, ar_seconds)
+    if seconds > 4 * max_point_s:
+        return False
+    B = max(rows // halves, 1)
+    tokens = AcceptanceModel(prior_rates=acceptance).expected_tokens(plan, B, [B] * plan.depth)
+    return tokens / seconds * (1.0 + PRUNE_SLACK) >= B / ar_seconds
+
+
 def _contains(big: Plan, small: Plan) -> bool:
     """Whether a step of ``big`` does all the work of a step of ``small`` and more (same kind of drafts, a
     tree that holds small's, at least as many drafter calls); every step contains an AR step."""
@@ -855,25 +939,3 @@ def _nested_min(points: Dict[str, Dict[int, float]], plans: Sequence[Plan]) -> N
         for rows in points[p.name]:
             points[p.name][rows] = min(measured[q.name][r] for q in plans if _contains(q, p)
                                        for r in measured[q.name] if r >= rows)
-
-
-def _could_pay(plan: Plan, points: Dict[str, Dict[int, float]], rows: int, halves: int, acceptance) -> bool:
-    """Whether ``plan`` was predicted no slower than AR at ``rows`` rows (both measured there), with every
-    row drafting every level and the acceptance rates measured so far."""
-    if rows not in points[plan.name]:
-        return False
-    model = AcceptanceModel(prior_rates=acceptance)
-    B = max(rows // halves, 1)
-    tokens = model.expected_tokens(plan, B, [B] * plan.depth)
-    return tokens / points[plan.name][rows] >= B / points[AR_PLAN.name][rows]
-
-
-def _worth_timing(measured: Dict[int, float], rows: int, max_point_s: float) -> bool:
-    """Whether to time a plan at ``rows`` rows: its step predicted from its largest smaller measured point
-    scaled by the rows (the most a step can grow) stays within 4 ``max_point_s`` (an untimed first step
-    longer than max_point_s still drops it)."""
-    smaller = [r for r in measured if r < rows]
-    if not smaller:
-        return False
-    last_rows = max(smaller)
-    return measured[last_rows] * rows / last_rows <= 4 * max_point_s
