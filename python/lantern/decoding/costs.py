@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from .planner import FAMILIES
+from .planner import checked_rates
 
 FORMAT = 2
 MAX_AGE_DAYS = 30
@@ -49,13 +49,7 @@ class CostModel:
                 clean[int(rows)] = float(seconds)
             self.points[name] = dict(sorted(clean.items()))
         self.meta = dict(meta or {})
-        self.acceptance: Dict[str, List[float]] = {}
-        for family, rates in (acceptance or {}).items():
-            if not isinstance(family, str) or not all(0.0 <= float(r) < 1.0 for r in rates):
-                raise ValueError(f"cost model: acceptance must map a family of {FAMILIES} (or a plan's name) to "
-                                 f"rates in [0, 1), "
-                                 f"got {family!r}: {rates!r}")
-            self.acceptance[family] = [float(r) for r in rates]
+        self.acceptance: Dict[str, List[float]] = checked_rates("cost model: acceptance", acceptance)
 
     def knows(self, plan_name: str) -> bool:
         return plan_name in self.points

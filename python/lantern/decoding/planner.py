@@ -21,8 +21,9 @@ plan, so speculative decoding at δ = 0 stays exact whatever it picks.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
 # static trees of sampled drafts (``trees.static_shape``): 5, 10 and 15 nodes with the root
@@ -30,6 +31,7 @@ STATIC_SHAPES = ((2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1))
 DRAFT_KINDS = (None, "deterministic", "sampled")
 FAMILIES = ("sampled", "top", "jacobi")  # draft families (``Plan.family``), pooled separately
 JACOBI_WINDOWS = (1, 2, 4, 8, 16, 32, 64)  # the windows tree="auto" chooses from (method "sjd")
+JACOBI_PREFIX = "sjd"  # a Jacobi window's plan name: the prefix, then W
 # EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
 # few drafter forwards (depth) for small trees
 DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
@@ -105,7 +107,20 @@ def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS
 
 def jacobi_plan(window: int) -> Plan:
     """A Jacobi self-drafting step over a window of ``window`` drafts (one target forward, no drafter)."""
-    return Plan(f"sjd{window}", "jacobi", depth=window)
+    return Plan(f"{JACOBI_PREFIX}{window}", "jacobi", depth=window)
+
+
+def checked_rates(what: str, rates: Optional[Mapping[str, Sequence[float]]]) -> Dict[str, List[float]]:
+    """Acceptance rates per level keyed by a draft family of ``FAMILIES`` or a Jacobi window's plan name
+    (``jacobi_plan``), each in [0, 1), as floats; else a ValueError naming ``what``."""
+    checked = {}
+    for key, values in (rates or {}).items():
+        known = key in FAMILIES or (isinstance(key, str) and re.fullmatch(JACOBI_PREFIX + r"[1-9][0-9]*", key))
+        if not known or not all(0.0 <= float(r) < 1.0 for r in values):
+            raise ValueError(f"{what} must map a family of {FAMILIES} or a Jacobi window's name "
+                             f"('{JACOBI_PREFIX}<W>') to rates in [0, 1), got {key!r}: {values!r}")
+        checked[key] = [float(r) for r in values]
+    return checked
 
 
 def jacobi_plans(max_window: int = 8, windows: Sequence[int] = JACOBI_WINDOWS) -> List[Plan]:
@@ -137,12 +152,8 @@ class AcceptanceModel:
             raise ValueError(f"prior must be in [0, 1), got {prior}")
         if not 0.0 < memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {memory}")
-        for family, rates in (prior_rates or {}).items():
-            if not isinstance(family, str) or not all(0.0 <= float(r) < 1.0 for r in rates):
-                raise ValueError(f"prior_rates must map a family of {FAMILIES} (or a plan's name) to rates in "
-                                 f"[0, 1), got {prior_rates}")
         self.prior, self.prior_weight, self.plan_weight, self.memory = prior, prior_weight, plan_weight, memory
-        self.prior_rates = {k: [float(r) for r in v] for k, v in (prior_rates or {}).items()}
+        self.prior_rates = checked_rates("prior_rates", prior_rates)
         self.counts: Dict[Plan, List[List[float]]] = {}  # plan -> [hits per depth, trials per depth]
 
     def observe(self, plan: Plan, hits: Sequence[float], trials: Sequence[float]) -> None:
