@@ -93,12 +93,17 @@ def run(report: Report, batches=(1, 8), repeats: int = 2, images: int = 10, cloc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    batches_main(run, __doc__, images=10, json_path="bench/results/plans.json")
+
+
+def batches_main(run, doc: str, images: int, json_path: str) -> None:
+    """The command line of a bench whose ``run(report, batches, repeats, images, clock)`` times whole runs."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--images", type=int, default=10)
+    parser.add_argument("--images", type=int, default=images)
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall")
-    parser.add_argument("--json", default="bench/results/plans.json")
+    parser.add_argument("--json", default=json_path)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load average {os.getloadavg()}")
     report = Report()

@@ -45,6 +45,30 @@ def test_generate_lantern_reports_speculative_figures(tmp_path):
     assert figures["tau"] >= 1.0 and figures["target_forwards"] <= 64
 
 
+@pytest.mark.parametrize("extra", [[], ["--coupling", "--delta", "0.2", "--k", "100"]], ids=["exact", "coupled-relaxed"])
+def test_generate_sjd_needs_no_drafter(tmp_path, extra):
+    js = tmp_path / "run.json"
+    stdout = lantern_cli("generate", "--method", "sjd", "--tree", "chain", "--window", "4", "--classes", "1",
+                         "--per-class", "2", *extra, "--out", str(tmp_path / "g.png"), "--json", str(js),
+                         "--no-progress")
+    assert "tau" in stdout and "speed-up vs AR" in stdout
+    figures = json.loads(js.read_text())
+    assert figures["method"] == "sjd" and figures["draft_forwards"] == 0
+    assert figures["delta"] == (0.2 if extra else 0.0)
+    for key in ("tau", "speedup_vs_ar", "class_accuracy", "fd"):
+        assert key in figures
+    assert figures["tau"] >= 1.0
+
+
+@pytest.mark.parametrize("args,message", [(["--method", "sjd", "--tree", "static"], "--tree"),
+                                          (["--method", "lantern", "--window", "4"], "--window"),
+                                          (["--method", "spec", "--coupling"], "--coupling")])
+def test_sjd_options_are_checked(tmp_path, args, message):
+    result = subprocess.run([sys.executable, "-m", "lantern", "generate", *args, "--out", str(tmp_path / "g.png"),
+                             "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0 and message in result.stderr
+
+
 def test_help_explains_the_options():
     text = lantern_cli("generate", "--help")
     for option in ("--method", "--delta", "--k", "--tree", "--cfg-scale", "--top-k", "--json", "--out"):

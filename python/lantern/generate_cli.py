@@ -49,11 +49,12 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     samp.add_argument("--top-k", type=int, help="keep the top-k logits (0 = off; default: the model's, 2000 official)")
     samp.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (1 = off)")
     run = p.add_argument_group("run")
-    run.add_argument("--method", default="ar", choices=["ar", "spec", "lantern", "cspd"],
+    run.add_argument("--method", default="ar", choices=["ar", "spec", "lantern", "sjd", "cspd"],
                      help="ar: one target forward per token (MAR: its own loop); spec: exact speculative decoding; "
-                          "lantern: relaxed acceptance over latent neighbours (faster, bounded TV); cspd: continuous "
-                          "speculative decoding (MAR models)")
-    spec = p.add_argument_group("speculative decoding (--method spec | lantern)")
+                          "lantern: relaxed acceptance over latent neighbours (faster, bounded TV); sjd: Jacobi "
+                          "self-drafting, no drafter (exact; relaxed like lantern when given --delta > 0 or --lam); "
+                          "cspd: continuous speculative decoding (MAR models)")
+    spec = p.add_argument_group("speculative decoding (--method spec | lantern | sjd)")
     spec.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
                       help="draft tree: auto (each step, the tree or plain AR step that the device's measured "
                            "costs and the run's acceptance predict fastest), chain, fixed static shape (sampled "
@@ -69,10 +70,18 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     spec.add_argument("--nodes", type=int, default=58, help="EAGLE-2: drafted nodes kept per step (>= 1; for no "
                       "drafts use --method ar)")
     spec.add_argument("--k", type=int, default=1000, help="LANTERN: latent neighbours merged at most")
-    spec.add_argument("--delta", type=float, default=0.1, help="LANTERN: total-variation budget")
+    spec.add_argument("--delta", type=float, help="LANTERN: total-variation budget (default 0.1 for lantern; sjd: "
+                      "0, exact)")
     spec.add_argument("--lam", type=float, help="LANTERN++: multiplicative cap lambda (instead of --delta)")
     spec.add_argument("--budget", default="candidate", choices=["candidate", "node"],
                       help="delta per candidate (upstream) or per tree node (TV <= delta guaranteed)")
+    jacobi = p.add_argument_group("Jacobi self-drafting (--method sjd; docs/sjd.md)")
+    jacobi.add_argument("--window", type=int, default=8, help="drafts verified per step (--tree chain), or the "
+                        "largest window the planner chooses from (--tree auto)")
+    jacobi.add_argument("--coupling", action="store_true", help="coupled drafts (SCD): the draws of one image "
+                        "position share their random numbers across steps")
+    jacobi.add_argument("--init", default="repeat", choices=["repeat", "sample"], help="fresh window slots: copy "
+                        "the token to their left, or draw from the last forward's row")
     spec.add_argument("--no-ar-baseline", action="store_true",
                       help="skip the AR run (cspd: the target-only MAR run) that measures speedup_vs_ar in the "
                            "same process")
@@ -122,7 +131,8 @@ def check_options(args) -> None:
     for dest, value in MODEL_DEFAULTS.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, value)
-    for flag, value in (("--per-class", args.per_class), ("--depth", args.depth), ("--nodes", args.nodes)):
+    for flag, value in (("--per-class", args.per_class), ("--depth", args.depth), ("--nodes", args.nodes),
+                        ("--window", args.window)):
         if value < 1:
             raise SystemExit(f"{flag} must be >= 1, got {value}" +
                              (" (for no drafts use --method ar)" if flag == "--nodes" else ""))
@@ -131,7 +141,31 @@ def check_options(args) -> None:
     if args.draft == "sampled" and args.tree == "dynamic":
         raise SystemExit("--draft sampled does not apply to --tree dynamic (EAGLE-2 drafts are each node's top "
                          "tokens); use --tree chain or static for sampled drafts")
+    check_jacobi_options(args)
     check_outputs(args)
+
+
+def check_jacobi_options(args) -> None:
+    """--method sjd verifies its window as a chain; --window / --coupling / --init apply to it only. Fills in
+    --delta: 0.1 for lantern, 0 (exact) for sjd."""
+    if args.method == "sjd":
+        if args.tree not in ("auto", "chain"):
+            raise SystemExit(f"--method sjd verifies its window as a chain: --tree must be auto or chain, got "
+                             f"{args.tree}")
+        if args.draft is not None:
+            raise SystemExit("--draft does not apply to --method sjd (its drafts are the target's own samples)")
+    else:
+        for flag, given in (("--window", args.window != 8), ("--coupling", args.coupling),
+                            ("--init", args.init != "repeat")):
+            if given:
+                raise SystemExit(f"{flag} applies to --method sjd only")
+    if args.delta is None:
+        args.delta = 0.0 if args.method == "sjd" else 0.1
+
+
+def relaxed(args) -> bool:
+    """Whether verify relaxes over latent neighbours: lantern, or sjd given a TV budget or a lambda cap."""
+    return args.method == "lantern" or (args.method == "sjd" and (args.delta > 0 or args.lam is not None))
 
 
 def check_outputs(args) -> None:
@@ -175,19 +209,21 @@ def _dtype(args) -> torch.dtype:
 
 
 def _drafter_and_table(args, gpt, vq):
+    """(drafter, neighbour table): sjd has no drafter, and a table only when relaxed."""
     from .neighbours import neighbour_table
 
-    if args.model != "tiny":
-        raise SystemExit("--method spec/lantern with official checkpoints needs a trained drafter; "
-                         "today the CLI ships one for the tiny model only (see README)")
-    from .pretrained import load_tiny_drafter
-
-    drafter = load_tiny_drafter(gpt)
     table = None
-    if args.method == "lantern":
+    if relaxed(args):
         K = max(args.k, 1)
         table = neighbour_table(vq.quantize.embedding.weight, K, normalize=True)
-    return drafter, table
+    if args.method == "sjd":
+        return None, table
+    if args.model != "tiny":
+        raise SystemExit("--method spec/lantern with official checkpoints needs a trained drafter; "
+                         "today the CLI ships one for the tiny model only (see README); --method sjd needs none")
+    from .pretrained import load_tiny_drafter
+
+    return load_tiny_drafter(gpt), table
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -231,6 +267,8 @@ def run_generate(args: argparse.Namespace) -> int:
         options = dict(method=args.method, drafter=drafter, neighbours=table, tree=args.tree, k=args.k,
                        delta=args.delta, lam=args.lam, budget=args.budget, cfg_interval=args.cfg_interval,
                        depth=args.depth, n_nodes=args.nodes, draft=args.draft)
+        if args.method == "sjd":
+            options.update(window=args.window, coupling=args.coupling, init=args.init)
         if args.tree == "auto":
             options["cost_model"] = _cost_model(gpt, drafter, table, chunks[0], options, sampling, figures)
     bar = tqdm(total=len(labels) * L, desc=f"{args.method}: {len(labels)} images", disable=args.no_progress, unit="tok")
@@ -303,7 +341,8 @@ def _cost_model(gpt, drafter, table, labels, options, sampling, figures):
     from .decoding import SpecConfig, resolve_cost_model
 
     config = SpecConfig(method=options["method"], k=options["k"], delta=options["delta"], lam=options["lam"],
-                        budget=options["budget"], depth=options["depth"], draft=options["draft"])
+                        budget=options["budget"], depth=options["depth"], draft=options["draft"],
+                        **{key: options[key] for key in ("window", "coupling", "init") if key in options})
     model = resolve_cost_model(gpt, drafter, labels, table, config=config, cfg_interval=options["cfg_interval"],
                                **sampling)
     figures["cost_model"] = {"source": model.meta["source"], "path": model.meta["path"],

@@ -16,12 +16,14 @@ def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbou
              k: int = 1000, delta: float = 0.1, lam=None, budget: str = "candidate", cfg_scale=1.0,
              temperature=1.0, top_k=0, top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None,
              emb_masks=None, compile=False, **tree_options):
-    """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed) for GPT models;
+    """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed) | "sjd" (Jacobi
+    self-drafting: no drafter; exact, or relaxed like "lantern" when given ``neighbours``) for GPT models;
     "cspd" (continuous speculative decoding) for MAR models.
     Returns (tokens [B, L], SpecStats or None for AR); L = ``length`` (default: the whole image).
     tree: "auto" (the planner picks each step's tree, or a plain AR step, from the device's measured costs
     and the run's acceptance), "chain", "static" or "dynamic".
-    tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft, cost_model, plans).
+    tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft, cost_model, plans; for
+    "sjd": window, coupling, init, with tree "auto" or "chain" = every step the whole window; docs/sjd.md).
     emb_masks [B, C] (t2i GPT): which caption positions are real (1) or padding (0), see ``generate_ar``.
     compile: True runs the target's (and drafter's) forwards through torch.compile (inductor; CUDA graphs on a
     GPU) with node counts padded to a few buckets (``decoding/compiled.py``); a dict: those torch.compile
@@ -47,8 +49,6 @@ def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbou
         return generate_ar(model, cond_idx, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                            top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length,
                            emb_masks=emb_masks, compile=compile), None
-    if drafter is None:
-        raise ValueError(f"method={method!r} needs a drafter (lantern.models.drafter.EagleDrafter or GPTDrafter)")
     config = SpecConfig(method=method, tree=tree, k=k, delta=delta, lam=lam, budget=budget, compile=compile,
                         **tree_options)
     return generate_spec(model, drafter, cond_idx, neighbours, config=config, cfg_scale=cfg_scale,

@@ -23,14 +23,17 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
+from .planner import checked_rates
+
 FORMAT = 2
 MAX_AGE_DAYS = 30
 
 
 class CostModel:
     """points[plan name] = {rows: seconds per step}; acceptance[family] = the chain-equivalent acceptance per
-    draft level that the calibration's steps measured on these models ("sampled" / "top" drafts; the
-    planner's prior, ``planner.AcceptanceModel``), or empty."""
+    draft level that the calibration's steps measured on these models (``planner.FAMILIES``; a Jacobi window
+    also has its own levels' rates under its name; the planner's prior, ``planner.AcceptanceModel``), or
+    empty."""
 
     def __init__(self, points: Mapping[str, Mapping[int, float]], meta: Optional[dict] = None,
                  acceptance: Optional[Mapping[str, List[float]]] = None):
@@ -46,12 +49,7 @@ class CostModel:
                 clean[int(rows)] = float(seconds)
             self.points[name] = dict(sorted(clean.items()))
         self.meta = dict(meta or {})
-        self.acceptance: Dict[str, List[float]] = {}
-        for family, rates in (acceptance or {}).items():
-            if family not in ("sampled", "top") or not all(0.0 <= float(r) < 1.0 for r in rates):
-                raise ValueError(f"cost model: acceptance must map 'sampled' / 'top' to rates in [0, 1), "
-                                 f"got {family!r}: {rates!r}")
-            self.acceptance[family] = [float(r) for r in rates]
+        self.acceptance: Dict[str, List[float]] = checked_rates("cost model: acceptance", acceptance)
 
     def knows(self, plan_name: str) -> bool:
         return plan_name in self.points
@@ -91,7 +89,10 @@ def device_name(device: torch.device) -> str:
 
 
 def model_fingerprint(model) -> dict:
-    """Cheap identity of a model: its class, config, parameter count and dtype (no weight hashing)."""
+    """Cheap identity of a model: its class, config, parameter count and dtype (no weight hashing); None (no
+    drafter: Jacobi self-drafting) -> {"class": "none"}."""
+    if model is None:
+        return {"class": "none"}
     module = getattr(model, "model", model)  # GPTDrafter wraps a Transformer
     params = list(module.parameters())
     config = getattr(module, "config", None)

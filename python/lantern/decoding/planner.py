@@ -2,7 +2,8 @@
 step) that maximises the expected tokens per second of the rows still generating.
 
 - ``Plan``: one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2 dynamic tree of a
-  node budget). The candidate set is small and bucketed (``candidate_plans``).
+  node budget, or, for Jacobi self-drafting (method "sjd"), a window of W drafts). The candidate set is small
+  and bucketed (``candidate_plans``, ``jacobi_plans``).
 - ``AcceptanceModel``: per-plan, per-depth acceptance estimated online from the run's own verify results
   (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans of one
   draft family share what they learn through a chain-equivalent per-depth rate: a tree of effective width e
@@ -10,7 +11,8 @@ step) that maximises the expected tokens per second of the rows still generating
   trees and vice versa. The two families, sampled drafts (chains and static trees: a draft x drawn from the
   drafter's q is kept with probability min(1, p(x)/q(x)), so a level accepts with probability 1 - TV(p, q)) and
   deterministic drafts (top-1 chains and EAGLE-2 trees: a level accepts with probability p(top draft)), accept
-  at very different rates on a diffuse image-token distribution and are pooled separately.
+  at very different rates on a diffuse image-token distribution and are pooled separately; so are Jacobi
+  windows (the target's own earlier predictions, docs/sjd.md), a third family.
 - ``Planner``: expected tokens (acceptance model) over predicted seconds (``costs.CostModel``), per plan;
   AR wins ties, so it never picks a plan its own models predict slower than AR.
 
@@ -19,14 +21,17 @@ plan, so speculative decoding at δ = 0 stays exact whatever it picks.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
 # static trees of sampled drafts (``trees.static_shape``): 5, 10 and 15 nodes with the root
 STATIC_SHAPES = ((2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1))
 DRAFT_KINDS = (None, "deterministic", "sampled")
-FAMILIES = {True: "sampled", False: "top"}  # Plan.samples -> the name of its draft family
+FAMILIES = ("sampled", "top", "jacobi")  # draft families (``Plan.family``), pooled separately
+JACOBI_WINDOWS = (1, 2, 4, 8, 16, 32, 64)  # the windows tree="auto" chooses from (method "sjd")
+JACOBI_PREFIX = "sjd"  # a Jacobi window's plan name: the prefix, then W
 # EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
 # few drafter forwards (depth) for small trees
 DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
@@ -38,7 +43,7 @@ WIDTH_EXPONENT = 0.3  # effective width of a tree level: (nodes per level) ** WI
 @dataclass(frozen=True)
 class Plan:
     name: str  # "ar", "chain3", "tree16", or the explicit config's tree kind
-    kind: str  # "ar" | "chain" | "dynamic" | "static"
+    kind: str  # "ar" | "chain" | "dynamic" | "static" | "jacobi" (a window of W = depth self-drafts)
     depth: int = 0  # draft levels below the root
     n_nodes: int = 0  # dynamic: drafted nodes kept
     top_per_node: int = 0  # dynamic: children per expanded node and beam width
@@ -53,6 +58,13 @@ class Plan:
     def samples(self) -> bool:
         """Whether the drafts are drawn from the drafter's distribution (else its top tokens)."""
         return self.kind == "static" or (self.kind == "chain" and self.sampled)
+
+    @property
+    def family(self) -> str:
+        """The draft family whose acceptance data the plan shares (``FAMILIES``)."""
+        if self.kind == "jacobi":
+            return "jacobi"
+        return "sampled" if self.samples else "top"
 
     def effective_width(self) -> float:
         """How many alternatives a level offers, for the shared acceptance model (a chain: 1)."""
@@ -93,6 +105,32 @@ def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS
     return plans
 
 
+def jacobi_plan(window: int) -> Plan:
+    """A Jacobi self-drafting step over a window of ``window`` drafts (one target forward, no drafter)."""
+    return Plan(f"{JACOBI_PREFIX}{window}", "jacobi", depth=window)
+
+
+def checked_rates(what: str, rates: Optional[Mapping[str, Sequence[float]]]) -> Dict[str, List[float]]:
+    """Acceptance rates per level keyed by a draft family of ``FAMILIES`` or a Jacobi window's plan name
+    (``jacobi_plan``), each in [0, 1), as floats; else a ValueError naming ``what``."""
+    checked = {}
+    for key, values in (rates or {}).items():
+        known = key in FAMILIES or (isinstance(key, str) and re.fullmatch(JACOBI_PREFIX + r"[1-9][0-9]*", key))
+        if not known or not all(0.0 <= float(r) < 1.0 for r in values):
+            raise ValueError(f"{what} must map a family of {FAMILIES} or a Jacobi window's name "
+                             f"('{JACOBI_PREFIX}<W>') to rates in [0, 1), got {key!r}: {values!r}")
+        checked[key] = [float(r) for r in values]
+    return checked
+
+
+def jacobi_plans(max_window: int = 8, windows: Sequence[int] = JACOBI_WINDOWS) -> List[Plan]:
+    """AR and the Jacobi windows of ``windows`` up to ``max_window``, ``max_window`` itself included."""
+    if max_window < 1:
+        raise ValueError(f"max_window must be >= 1, got {max_window}")
+    sizes = sorted({w for w in windows if 1 <= w <= max_window} | {max_window})
+    return [AR_PLAN] + [jacobi_plan(w) for w in sizes]
+
+
 class AcceptanceModel:
     """P(accept_len >= d) per plan, from the run's verify results blended with a prior.
 
@@ -100,8 +138,13 @@ class AcceptanceModel:
     the image), hits = those that accepted d. h_p(d) = (hits + w ĥ_p(d)) / (trials + w), ĥ_p(d) the shared
     model's prediction; the shared chain-equivalent rate b_d pools every plan's data the same way against
     the prior (weight ``prior_weight`` rows): ``prior_rates[family][d - 1]`` where given (the chain-equivalent
-    rates the calibration measured on these models, ``measured_rates``; family "sampled" or "top"), else
-    ``prior`` for every level."""
+    rates the calibration measured on these models, ``measured_rates``; a family of ``FAMILIES``), else
+    ``prior`` for every level.
+
+    A Jacobi window's levels accept more the longer the window (its later drafts have been refreshed by more
+    forwards before they are tested, docs/sjd.md), so windows do not share their rates: where
+    ``prior_rates`` has an entry under the plan's own name (its levels' rates h_p(d), measured by the
+    calibration on a run of that plan alone), that entry is ĥ_p."""
 
     def __init__(self, prior: float = 0.5, prior_weight: float = 8.0, plan_weight: float = 8.0,
                  memory: float = 0.98, prior_rates: Optional[Dict[str, Sequence[float]]] = None):
@@ -109,11 +152,8 @@ class AcceptanceModel:
             raise ValueError(f"prior must be in [0, 1), got {prior}")
         if not 0.0 < memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {memory}")
-        for family, rates in (prior_rates or {}).items():
-            if family not in FAMILIES.values() or not all(0.0 <= float(r) < 1.0 for r in rates):
-                raise ValueError(f"prior_rates must map 'sampled' / 'top' to rates in [0, 1), got {prior_rates}")
         self.prior, self.prior_weight, self.plan_weight, self.memory = prior, prior_weight, plan_weight, memory
-        self.prior_rates = {k: [float(r) for r in v] for k, v in (prior_rates or {}).items()}
+        self.prior_rates = checked_rates("prior_rates", prior_rates)
         self.counts: Dict[Plan, List[List[float]]] = {}  # plan -> [hits per depth, trials per depth]
 
     def observe(self, plan: Plan, hits: Sequence[float], trials: Sequence[float]) -> None:
@@ -134,16 +174,16 @@ class AcceptanceModel:
                 hits[d] *= self.memory
                 trials[d] *= self.memory
 
-    def chain_rates(self, max_depth: int, samples: bool = False) -> List[float]:
+    def chain_rates(self, max_depth: int, family: str = "top") -> List[float]:
         """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level over the plans of
-        one draft family (``samples``: sampled drafts, else top-k drafts; one pass over the data; a level no
-        plan reached yet gets every level's pooled rate)."""
-        measured = self.prior_rates.get(FAMILIES[samples], [])
+        one draft family (``FAMILIES``; one pass over the data; a level no plan reached yet gets every level's
+        pooled rate)."""
+        measured = self.prior_rates.get(family, [])
         prior = sum(measured) / len(measured) if measured else self.prior
         overall_n, overall = self.prior_weight, prior * self.prior_weight
         level_n, level = [0.0] * max_depth, [0.0] * max_depth
         for plan, (hits, trials) in self.counts.items():
-            if plan.samples != samples:
+            if plan.family != family:
                 continue
             inv_e = 1.0 / plan.effective_width()
             for d in range(min(plan.depth, max_depth)):
@@ -158,19 +198,21 @@ class AcceptanceModel:
         return [(level[d] + self.prior_weight * (measured[d] if d < len(measured) else pooled)) /
                 (level_n[d] + self.prior_weight) for d in range(max_depth)]
 
-    def chain_rate(self, depth: int, samples: bool = False) -> float:
-        """b_d of level ``depth`` (1-based) for the draft family ``samples``."""
-        return self.chain_rates(depth, samples)[depth - 1]
+    def chain_rate(self, depth: int, family: str = "top") -> float:
+        """b_d of level ``depth`` (1-based) for the draft family ``family``."""
+        return self.chain_rates(depth, family)[depth - 1]
 
     def level_rates(self, plan: Plan, chain_rates: Optional[Sequence[float]] = None) -> List[float]:
         """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1). chain_rates: the plan's
         family's b_d (computed when None)."""
-        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth, plan.samples)
+        own = self.prior_rates.get(plan.name, [])
+        b = chain_rates if chain_rates is not None or len(own) >= plan.depth else \
+            self.chain_rates(plan.depth, plan.family)
         e = plan.effective_width()
         counts = self.counts.get(plan)
         rates = []
         for d in range(plan.depth):
-            shared = 1.0 - (1.0 - b[d]) ** e
+            shared = own[d] if d < len(own) else 1.0 - (1.0 - b[d]) ** e
             hits, trials = (counts[0][d], counts[1][d]) if counts else (0.0, 0.0)
             rates.append((hits + self.plan_weight * shared) / (trials + self.plan_weight))
         return rates
@@ -201,13 +243,20 @@ def measured_rates(counts: Dict[Plan, Tuple[Sequence[float], Sequence[float]]], 
                    ) -> Dict[str, List[float]]:
     """The chain-equivalent acceptance per level of each draft family that ``counts`` (plan -> (hits,
     trials) per depth, e.g. from a calibration) has data for, to serve as ``prior_rates``. A level without
-    data gets the family's pooled rate (a weak 0.5 prior of one row keeps every rate in (0, 1))."""
+    data gets the family's pooled rate (a weak 0.5 prior of one row keeps every rate in (0, 1)). Each Jacobi
+    window with data also gets its own levels' rates, under its name (the family's pooled rate as a prior of
+    one row)."""
     model = AcceptanceModel(prior=0.5, prior_weight=1.0)
     for plan, (hits, trials) in counts.items():
         model.observe(plan, hits, trials)
-    families = {p.samples for p, (_, trials) in counts.items() if not p.is_ar and sum(trials) > 0}
-    return {FAMILIES[samples]: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, samples)]
-            for samples in sorted(families)}
+    families = {p.family for p, (_, trials) in counts.items() if not p.is_ar and sum(trials) > 0}
+    rates = {family: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, family)]
+             for family in sorted(families)}
+    for plan, (hits, trials) in counts.items():  # Jacobi windows: each its own levels' rates (class doc)
+        if plan.kind == "jacobi" and sum(trials) > 0:
+            pooled = rates["jacobi"]
+            rates[plan.name] = [min(round((h + b) / (t + 1.0), 4), 0.9999) for h, t, b in zip(hits, trials, pooled)]
+    return rates
 
 
 @dataclass
@@ -322,13 +371,13 @@ class Planner:
 
     def rates(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> List[Tuple[float, float, Plan]]:
         """(expected tokens, predicted seconds, plan) for every candidate, AR first."""
-        b = {samples: self.acceptance.chain_rates(self.max_depth, samples)
-             for samples in {p.samples for p in self.plans if not p.is_ar}}
+        b = {family: self.acceptance.chain_rates(self.max_depth, family)
+             for family in {p.family for p in self.plans if not p.is_ar}}
         ratios = self._ratios() if self.adapt_costs else None
         out = []
         for plan in self.plans:
             seconds = self.step_seconds(plan, rows, ratios)
-            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b.get(plan.samples)),
+            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b.get(plan.family)),
                         seconds, plan))
         return out
 
@@ -371,10 +420,9 @@ class Planner:
             pair[1] += self.cost_model.step_seconds(decision.plan.name, decision.rows)
 
     def summary(self) -> dict:
-        families = {p.samples for p in self.plans if not p.is_ar}
-        rates = {FAMILIES[samples]: [round(b, 4) for b in
-                                                     self.acceptance.chain_rates(self.max_depth, samples)]
-                 for samples in sorted(families)}
+        families = {p.family for p in self.plans if not p.is_ar}
+        rates = {family: [round(b, 4) for b in self.acceptance.chain_rates(self.max_depth, family)]
+                 for family in sorted(families)}
         return {"plans": {name: rec.as_dict() for name, rec in sorted(self.records.items(),
                                                                          key=lambda kv: -kv[1].steps)},
                 "chain_rate_per_depth": rates}

@@ -1,4 +1,5 @@
-"""Speculative decoding with tree verification, exact ("spec") or relaxed ("lantern"), for a batch.
+"""Speculative decoding with tree verification, exact ("spec") or relaxed ("lantern"), for a batch; and its
+drafter-free variant, Jacobi self-drafting ("sjd", ``jacobi.py``), on the same loop.
 
 Rows advance at different speeds: each verify step emits accept_len[b] + 1 tokens for row b, and every
 row stops exactly at the image length L (a row's last step keeps only the tokens it still needs: a
@@ -15,6 +16,10 @@ which it catches up on in one forward (``Drafter.commit``) before it next drafts
 forward over the roots and a one-node verify, no drafter forward) from a cost model measured on the device
 (``costs``) and acceptance rates learned from the run's own verify results. The acceptance rule never
 depends on the plan, so exact speculative decoding stays exact whatever the planner picks.
+
+Method "sjd" has no drafter: each row keeps a window of drafts (``jacobi.JacobiWindow``) that every step
+feeds to the target as a chain and refreshes from that forward's predictions; the planner picks the window W
+per step the same way (``planner.jacobi_plans``; W = 0 is the AR step). docs/sjd.md.
 """
 from __future__ import annotations
 
@@ -29,18 +34,23 @@ from .. import ops
 from .ar import check_condition, check_length, condition_masks, generate_ar, nonfinite_logits, sample_next
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
-from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans, measured_rates
-from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_shape, unguided_past_interval
+from .jacobi import FRESH_INITS, JacobiWindow
+from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans, jacobi_plan, jacobi_plans, measured_rates
+from .trees import (DraftScorer, grow_chain, grow_dynamic, grow_static, guided_logits, static_shape,
+                    unguided_past_interval)
 
 STATIC_WIDTHS = (6, 4, 3, 2, 1, 1)  # 56 nodes with the root
 TREES = ("auto", "chain", "static", "dynamic")
+METHODS = ("spec", "lantern", "sjd")
 CALIBRATION_ROWS = (2,)  # rows (2 x images with guidance) at which each plan's step is timed, and the run's
 
 
 @dataclass
 class SpecConfig:
-    method: str = "lantern"  # "spec" (exact, δ = 0) | "lantern" (relaxed)
-    tree: str = "auto"  # "auto" (planner) | "chain" | "static" | "dynamic"
+    # "spec" (exact, δ = 0) | "lantern" (relaxed) | "sjd" (Jacobi self-drafting, no drafter: exact, or relaxed
+    # when given a neighbour table)
+    method: str = "lantern"
+    tree: str = "auto"  # "auto" (planner) | "chain" | "static" | "dynamic"; sjd: "auto" | "chain" (fixed window)
     # "deterministic" | "sampled"; default: sampled for chains and static trees, top-k for EAGLE-2 dynamic trees
     # (tree="auto": see ``planner.candidate_plans``)
     draft: Optional[str] = None
@@ -63,6 +73,10 @@ class SpecConfig:
     # True: target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), node counts
     # padded to buckets (compiled.py); a dict: those torch.compile options
     compile: CompileOption = False
+    # method "sjd" (docs/sjd.md)
+    window: int = 8  # drafts per step (tree="chain"), or the largest window the planner considers (tree="auto")
+    coupling: bool = False  # SCD: the draws of one image position share their uniforms across steps
+    init: str = "repeat"  # fresh slots: "repeat" (copy the token to the left, one-hot q) | "sample" (draw)
 
     def draft_kind(self) -> str:
         """The drafts of an explicit tree: sampled from the drafter's distribution, or its top tokens."""
@@ -72,6 +86,8 @@ class SpecConfig:
 
     def fixed_plan(self) -> Plan:
         """The plan of an explicit tree (every step)."""
+        if self.method == "sjd":
+            return jacobi_plan(self.window)
         if self.tree == "chain":
             return Plan("chain", "chain", depth=self.depth, sampled=self.draft_kind() == "sampled")
         if self.tree == "static":
@@ -79,7 +95,16 @@ class SpecConfig:
         return Plan("dynamic", "dynamic", depth=self.depth, n_nodes=self.n_nodes, top_per_node=self.top_per_node)
 
     def candidates(self) -> List[Plan]:
-        return list(self.plans) if self.plans is not None else candidate_plans(self.depth, draft=self.draft)
+        if self.plans is not None:
+            return list(self.plans)
+        if self.method == "sjd":
+            return jacobi_plans(self.window)
+        return candidate_plans(self.depth, draft=self.draft)
+
+
+def relaxed_acceptance(config: SpecConfig, neighbours) -> bool:
+    """Whether verify relaxes over latent neighbours: method "lantern", or "sjd" given a neighbour table."""
+    return config.method == "lantern" or (config.method == "sjd" and neighbours is not None)
 
 
 @dataclass
@@ -111,7 +136,7 @@ def _tree_size(plan: Plan) -> int:
     """Nodes of the plan's tree, root included."""
     if plan.kind == "ar":
         return 1
-    if plan.kind == "chain":
+    if plan.kind in ("chain", "jacobi"):
         return plan.depth + 1
     if plan.kind == "static":
         return len(static_shape(plan.static_widths))
@@ -134,7 +159,8 @@ class Sampling:
 
 
 class _Loop:
-    """The decoding state of a batch (prefilled at construction) and its two kinds of step."""
+    """The decoding state of a batch (prefilled at construction) and its kinds of step (``step``): with a drafter,
+    AR steps and drafted trees; without one (method "sjd"), Jacobi windows (W = 0: an AR step)."""
 
     def __init__(self, target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
                  plans: Sequence[Plan], catch_up: bool, emb_masks: Optional[torch.Tensor] = None,
@@ -146,7 +172,7 @@ class _Loop:
             target, drafter = compiled_models(target, drafter, options, compiled)
         self.target, self.drafter, self.neighbours, self.config, self.s, self.L = (
             target, drafter, neighbours, config, sampling, L)
-        self.relaxed = config.method == "lantern"
+        self.relaxed = relaxed_acceptance(config, neighbours)
         B = self.B = cond_idx.shape[0]
         greedy = torch.as_tensor(sampling.temperature, device=cond_idx.device) == 0  # [] or [B]
         self.greedy_rows = greedy.expand(B) if bool(greedy.any()) else None  # read once, before the loop
@@ -173,6 +199,20 @@ class _Loop:
         self.out[:, 0] = first
         self.n_done = torch.ones(B, dtype=torch.int64)
         self.target_len = target.cond_keys[: self.rows].clone()  # C, or the real caption positions
+        self.root_parents = torch.full((B, 1), -1, dtype=torch.int64)
+        # the rows the models compute (None: all). Finished rows leave the models' caches (``compact``); the
+        # loop's own state, verify and the draft sampling stay at full size, so every random stream keeps
+        # its row and the tokens are those of the uncompacted loop. Compiled forwards keep static shapes.
+        self.live: Optional[torch.Tensor] = None  # [live rows] indices into the rows, both guidance halves
+        self.compactable = compiled is None and hasattr(drafter, "keep_rows")
+        self.live_drafter = _LiveDrafter(self)
+        self.window = None
+        if drafter is None:  # Jacobi self-drafting: the window's first drafts from token 0's row
+            first_probs = self._process(guided_logits(logits[:, -1], B, sampling.guided, sampling.cfg_scale,
+                                                      torch.zeros(B, dtype=torch.int64), sampling.cfg_interval))
+            self.window = JacobiWindow(first, first_probs, max(p.depth for p in plans), config.init, config.coupling,
+                                       sampling.seed)
+            return
         drafter.reset(cond, self.rows, L + max(T_max, beams) + (L if catch_up else 0) + drafter_pad, masks)
         # the drafter's input: the newly committed tokens [rows, P] and the target hidden state before each
         self.pending = torch.zeros(self.rows, room + 1, dtype=torch.int64)
@@ -181,13 +221,6 @@ class _Loop:
         self.pending_feat[:, 0] = hidden[:, -1]
         self.n_pending = torch.ones(self.rows, dtype=torch.int64)
         self.width = 1  # columns of ``pending`` in use (>= n_pending.max())
-        self.root_parents = torch.full((B, 1), -1, dtype=torch.int64)
-        # the rows the models compute (None: all). Finished rows leave the models' caches (``compact``); the
-        # loop's own state, verify and the draft sampling stay at full size, so every random stream keeps
-        # its row and the tokens are those of the uncompacted loop. Compiled forwards keep static shapes.
-        self.live: Optional[torch.Tensor] = None  # [live rows] indices into the rows, both guidance halves
-        self.compactable = compiled is None and hasattr(drafter, "keep_rows")
-        self.live_drafter = _LiveDrafter(self)
 
     @property
     def forward_rows(self) -> int:
@@ -266,6 +299,59 @@ class _Loop:
                           lam=c.lam if relaxed else None, budget=c.budget if relaxed else "candidate",
                           seed=s.seed, offset=offset)
 
+    def step(self, plan: Plan, step: int):
+        """One step of ``plan`` -> (n_emit [B], drafter forwards)."""
+        if self.window is not None:
+            return self.jacobi_step(plan, step), 0
+        if plan.is_ar:
+            return self.ar_step(step), 0
+        n_emit, _, forwards = self.spec_step(plan, step)
+        return n_emit, forwards
+
+    def jacobi_step(self, plan: Plan, step: int) -> torch.Tensor:
+        """Feed every row's root and its first W = plan.depth window drafts to the target as a chain, verify
+        them as sampled drafts (draft_probs = the window's q rows), commit, and refresh the window from this
+        forward's rows (``JacobiWindow.advance``). W = 0 (the AR plan) samples one token as AR does. -> n_emit [B]"""
+        B, L = self.B, self.L
+        active = self.n_done < L
+        n_done = self.n_done
+        W = plan.depth
+        root = self.out.gather(1, (n_done - 1)[:, None]).squeeze(1)
+        tokens, draft_probs = self.window.chain(root, W)  # [B, W + 1], [B, W + 1, V] or None
+        parents = torch.arange(-1, W).expand(B, W + 1)
+        depth = torch.arange(W + 1).expand(B, W + 1)
+        positions = ((n_done - 1)[:, None] + depth).clamp(max=L - 1)
+        logits = self.target(self.rep(tokens), cache_len=self.target_len, positions=self.rep(positions),
+                             tree_mask=self.rep(ops.ancestor_mask(parents)))  # [rows, W + 1, V]
+        result = self._verify(logits, tokens, parents, depth, draft_probs, step, drafts=W > 0)
+        n_emit = torch.where(active, _emit_counts(result.accept_len, n_done, L), 0)  # [B]
+        self.figures = _StepFigures(plan, step, _figures(n_emit, result.accept_len, active, L - n_done, W,
+                                                         nonfinite_logits(logits)), result.accept_len, active)
+        self._commit(tokens, result, n_emit)
+        s = self.s
+        probs = self._process(guided_logits(logits, B, s.guided, s.cfg_scale, n_done[:, None] + depth,
+                                            s.cfg_interval))  # [B, W + 1, V] node j: the row of old slot j
+        self.window.advance(result.accept_len, result.next_token, W, probs, self.n_done, step)
+        return n_emit
+
+    def _commit(self, tree_tokens: torch.Tensor, result, n_emit: torch.Tensor):
+        """Writes each row's accepted path tokens, then next_token, never past L; keeps the root's and the path's
+        K/V (ops.compact_kv); advances n_done. -> (kept nodes [B, T]: the root, then the path; emitted [B, T])"""
+        B, T = tree_tokens.shape
+        n_done, L = self.n_done, self.L
+        kept_nodes = torch.cat([torch.zeros(B, 1, dtype=torch.int64), result.path.clamp(min=0)], 1)  # [B, T]
+        emitted = torch.cat([tree_tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
+        j = torch.arange(T)
+        emitted = torch.where(j[None] < result.accept_len[:, None], emitted, result.next_token[:, None])
+        in_step = torch.arange(L)[None] - n_done[:, None]  # [B, L] index into emitted of each image position
+        written = (in_step >= 0) & (in_step < n_emit[:, None])  # never past L
+        self.out = torch.where(written, emitted.gather(1, in_step.clamp(0, T - 1)), self.out)
+        kept_len = ops.compact_kv(self.target.kv_cache, self.sub(self.target_len), self.sub(self.rep(kept_nodes)),
+                                  self.sub(self.rep(n_emit)))
+        self.target_len = kept_len if self.live is None else self.target_len.index_copy(0, self.live, kept_len)
+        self.n_done = n_done + n_emit
+        return kept_nodes, emitted
+
     def ar_step(self, step: int) -> torch.Tensor:
         """One token per active row, as AR samples it: the target over the roots, a one-node verify. The
         drafter does nothing; the token and the root's hidden state join its pending input. -> n_emit [B]"""
@@ -322,23 +408,14 @@ class _Loop:
         logits, hidden = self.forward(rep(tree.tokens), self.target_len, positions=rep(positions), tree_mask=rep(mask))
         # 4. verify
         result = self._verify(logits, tree.tokens, tree.parents, tree.depth, tree.draft_probs, step, drafts=True)
-        # 5. commit: accepted path tokens, then next_token; never past L
+        # 5. commit: accepted path tokens, then next_token, never past L; keep the root's and the accepted
+        # nodes' K/V (the root plus n_emit - 1 path nodes)
         n_emit = torch.where(active, _emit_counts(result.accept_len, n_done, L), 0)  # [B]
         self.figures = _StepFigures(plan, step, _figures(n_emit, result.accept_len, active, L - n_done, plan.depth,
                                                          nonfinite_logits(logits) | nonfinite_logits(root_logits)),
                                     result.accept_len, active)
-        kept_nodes = torch.cat([torch.zeros(B, 1, dtype=torch.int64), result.path.clamp(min=0)], 1)  # [B, T]
-        emitted = torch.cat([tree.tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
-        j = torch.arange(T)
-        emitted = torch.where(j[None] < result.accept_len[:, None], emitted, result.next_token[:, None])
-        in_step = torch.arange(L)[None] - n_done[:, None]  # [B, L] index into emitted of each image position
-        written = (in_step >= 0) & (in_step < n_emit[:, None])  # never past L
-        self.out = torch.where(written, emitted.gather(1, in_step.clamp(0, T - 1)), self.out)
-        # 6. keep the root and accepted nodes' K/V (the root plus n_emit - 1 path nodes)
-        kept_len = ops.compact_kv(self.target.kv_cache, self.sub(self.target_len), self.sub(rep(kept_nodes)),
-                                  self.sub(rep(n_emit)))
-        self.target_len = kept_len if self.live is None else self.target_len.index_copy(0, self.live, kept_len)
-        # 7. the drafter's next input: the emitted tokens with the target hidden state before each, all T
+        kept_nodes, emitted = self._commit(tree.tokens, result, n_emit)
+        # 6. the drafter's next input: the emitted tokens with the target hidden state before each, all T
         # columns (no host read; the drafter ignores the positions past each row's n_pending). ``sync``
         # narrows ``width`` to the longest row's columns once the step's figures are read.
         self.pending[:, :T] = rep(emitted)
@@ -346,13 +423,13 @@ class _Loop:
         self.pending_feat[:, :T] = hidden.gather(1, feat_nodes)
         self.n_pending = rep(n_emit)
         self.width = T
-        self.n_done = n_done + n_emit
         return n_emit, result.accept_len, tree.draft_forwards
 
     def _process(self, draft_logits):
-        """The drafter's sampling distribution for sampled drafts [B, ..., V]. Greedy rows (temperature 0)
-        draw the drafter's top token (a one-hot q): greedy verification keeps a draft only if it is the
-        target's top token, so a draw from the softmax would only waste the draft."""
+        """The sampling distribution of sampled drafts [B, ..., V] from guided logits (the drafter's, or the
+        target's for Jacobi drafts). Greedy rows (temperature 0) draw the top token (a one-hot q): greedy
+        verification keeps a draft only if it is the target's top token, so a draw from the softmax would only
+        waste the draft."""
         s = self.s
         q = ops.process_logits(draft_logits, None, 1.0, s.temperature, s.top_k, s.top_p)
         if self.greedy_rows is None:
@@ -361,7 +438,8 @@ class _Loop:
         return torch.where(self.greedy_rows.view(-1, *([1] * (q.dim() - 1))), top, q)
 
     def close(self) -> None:
-        self.drafter.release()
+        if self.drafter is not None:
+            self.drafter.release()
         self.target.free_cache()
 
 
@@ -446,7 +524,7 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     device = target.tok_embeddings.weight.device
     L = check_length(length, target.config.block_size)
     check_condition(target, cond_idx)
-    check_config(config, neighbours, target.config.vocab_size)
+    check_config(config, neighbours, target.config.vocab_size, drafter)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     condition_masks(target, cond_idx, emb_masks, sampling.guided)  # bad masks fail before any calibration
     # the loop creates its bookkeeping tensors on the default device; a torch.device context would make it
@@ -467,7 +545,8 @@ DRAFTS = (None, "deterministic", "sampled")
 def _check_neighbour_ids(config: SpecConfig, neighbours, vocab: int) -> None:
     """The table's ids, scanned once before the loop and the calibration (inside them the ops' value scans
     are off)."""
-    if config.method == "lantern" and config.k > 0 and isinstance(neighbours, torch.Tensor) and neighbours.dim() == 2:
+    if relaxed_acceptance(config, neighbours) and config.k > 0 and isinstance(neighbours, torch.Tensor) and \
+            neighbours.dim() == 2:
         ops.checks.in_range("neighbours", neighbours[:, : config.k], 0, vocab)
 
 
@@ -475,12 +554,13 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def check_config(config: SpecConfig, neighbours, vocab: int) -> None:
+def check_config(config: SpecConfig, neighbours, vocab: int, drafter=None) -> None:
     """ValueError naming the option for a config the loop cannot run as asked (vocab: the target's V)."""
-    if config.method not in ("spec", "lantern"):
-        raise ValueError(f"method must be 'spec' or 'lantern', got {config.method!r}")
+    if config.method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
     if config.tree not in TREES:
         raise ValueError(f"tree must be one of {TREES}, got {config.tree!r}")
+    _check_jacobi(config, drafter)
     if config.draft not in DRAFTS:
         raise ValueError(f"draft must be one of {DRAFTS}, got {config.draft!r}")
     if config.draft == "sampled" and config.tree == "dynamic":
@@ -503,6 +583,35 @@ def check_config(config: SpecConfig, neighbours, vocab: int) -> None:
     if config.method == "lantern" and config.k > 0 and neighbours is None:
         raise ValueError("method='lantern' needs the neighbour table (lantern.ops.latent_neighbours)")
     _check_neighbour_ids(config, neighbours, vocab)
+
+
+def _check_jacobi(config: SpecConfig, drafter) -> None:
+    """The options of method "sjd" (and that the others do without them), and who drafts."""
+    if config.method != "sjd":
+        if drafter is None:
+            raise ValueError(f"method={config.method!r} needs a drafter (lantern.models.drafter.EagleDrafter or "
+                             f"GPTDrafter); method='sjd' drafts without one")
+        if config.coupling:
+            raise ValueError("coupling (coupled Jacobi drafts) applies to method='sjd' only")
+        if config.plans is not None and any(p.kind == "jacobi" for p in config.plans):
+            raise ValueError("plans: Jacobi windows need method='sjd'")
+        return
+    if drafter is not None:
+        raise ValueError("method='sjd' drafts from the target itself: drafter must be None")
+    if config.tree not in ("auto", "chain"):
+        raise ValueError(f"method='sjd' verifies its window as a chain: tree must be 'auto' (the planner picks the "
+                         f"window) or 'chain' (every step the whole window), got {config.tree!r}")
+    if config.draft is not None:
+        raise ValueError(f"draft does not apply to method='sjd' (its drafts are the target's own samples), "
+                         f"got {config.draft!r}")
+    if not _is_int(config.window) or config.window < 1:
+        raise ValueError(f"window must be an int >= 1 (Jacobi drafts per step), got {config.window!r}")
+    if not isinstance(config.coupling, bool):
+        raise ValueError(f"coupling must be a bool, got {config.coupling!r}")
+    if config.init not in FRESH_INITS:
+        raise ValueError(f"init must be one of {FRESH_INITS} (fresh window slots), got {config.init!r}")
+    if config.plans is not None and any(p.kind not in ("ar", "jacobi") for p in config.plans):
+        raise ValueError("method='sjd' plans must be AR or Jacobi windows (planner.jacobi_plans)")
 
 
 def _record_step(stats: SpecStats, last: _StepFigures, draft_forwards: int, steps: list) -> int:
@@ -547,7 +656,7 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
             if loop.should_compact(counts[0]):
                 loop.compact()
             step += 1
-            n_emit, _, forwards = loop.spec_step(plan, step)
+            n_emit, forwards = loop.step(plan, step)
             last = loop.figures
     loop.close()
     stats.accept_lens = _accept_lens(steps)
@@ -604,10 +713,7 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
             planner.forget()
             decision = planner.choose(loop.forward_rows, counts[0], counts[1:])
             plan = decision.plan
-            if plan.is_ar:
-                n_emit, forwards = loop.ar_step(step), 0
-            else:
-                n_emit, _, forwards = loop.spec_step(plan, step)
+            n_emit, forwards = loop.step(plan, step)
             last = loop.figures
             stats.plan_counts[plan.name] = stats.plan_counts.get(plan.name, 0) + 1
     loop.close()
@@ -655,10 +761,11 @@ def _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, 
 
 # -- calibration ------------------------------------------------------------------------------------------
 
-def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan]) -> dict:
-    """What, besides the device and models, changes a step's cost: the verify work and the candidates."""
-    relaxed = config.method == "lantern"
-    return {"method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
+def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan], relaxed: bool) -> dict:
+    """What, besides the device and models, changes a step's cost: the verify work and the candidates (and,
+    for the acceptance the calibration measures, the drafting rules)."""
+    jacobi = {"coupling": config.coupling, "init": config.init} if config.method == "sjd" else {}
+    return {**jacobi, "method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
             "lam": config.lam if relaxed else None, "guided": sampling.guided, "length": L,
             # the acceptance the calibration measures depends on these (the step costs do not)
             "delta": config.delta if relaxed else 0.0, "cfg_scale": _number(sampling.cfg_scale),
@@ -688,7 +795,7 @@ def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: Sp
     seconds). Call it before timing a run so the calibration is not part of it."""
     L = check_length(length, target.config.block_size)
     check_condition(target, cond_idx)
-    check_config(config, neighbours, target.config.vocab_size)
+    check_config(config, neighbours, target.config.vocab_size, drafter)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     device = target.tok_embeddings.weight.device
     same = torch.get_default_device() == device
@@ -700,7 +807,7 @@ def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasu
              emb_masks=None) -> CostModel:
     plans = config.candidates()
     device = target.tok_embeddings.weight.device
-    key = cache_key(device, target, drafter, _mode(config, sampling, L, plans))
+    key = cache_key(device, target, drafter, _mode(config, sampling, L, plans, relaxed_acceptance(config, neighbours)))
     rows = cond_idx.shape[0] * (2 if sampling.guided else 1)
     grid = sorted(set(CALIBRATION_ROWS) | {rows})
 
@@ -733,12 +840,18 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     growth times their nodes, and the acceptance measured so far); an untimed step longer than 4
     ``max_point_s`` drops a plan too. A plan left out gets, as its point there, the time that left it out
     (the prediction, or that untimed step): extrapolating its smaller row counts' slope could make it look
-    cheaper than the bound that said it cannot pay, and the planner would choose it."""
+    cheaper than the bound that said it cannot pay, and the planner would choose it.
+
+    A Jacobi window's acceptance depends on the windows the steps before it used (docs/sjd.md), so the
+    interleaved steps say little about it: each window's acceptance is measured on a run of that window alone
+    instead (``_jacobi_counts``; once per cost model, not when extending ``known``)."""
     device = target.tok_embeddings.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     halves = 2 if sampling.guided else 1
     points: Dict[str, Dict[int, float]] = {p.name: dict(known.points.get(p.name, {})) if known else {} for p in plans}
     counts = {p: ([0] * p.depth, [0] * p.depth) for p in plans if not p.is_ar}  # hits, trials per depth
+    if known is None or not known.acceptance:
+        counts.update(_jacobi_counts(target, cond_idx, neighbours, config, sampling, L, plans, emb_masks))
     max_depth = max(p.depth for p in plans)
     new_rows = set()
     for rows in sorted(rows_grid):
@@ -759,11 +872,11 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
             sync()
             t0 = time.perf_counter()
             with ops.checks.values_checked_by_caller():  # as in the decoding loop
-                loop.ar_step(state["step"]) if plan.is_ar else loop.spec_step(plan, state["step"])
+                loop.step(plan, state["step"])
                 loop.sync(max_depth, loop.figures)  # the step's host read, as in the loop
             sync()
             seconds = time.perf_counter() - t0
-            if not plan.is_ar:
+            if not plan.is_ar and plan.kind != "jacobi":  # a window's acceptance: _jacobi_counts
                 hits, trials = counts[plan]
                 for d, (h, t) in enumerate(zip(loop.figures.hits, loop.figures.trials)):
                     hits[d] += h
@@ -808,6 +921,43 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
             "acceptance": measured_rates(counts, max_depth)}
 
 
+JACOBI_CALIBRATION_IMAGES = 2  # images of each Jacobi window's acceptance run
+JACOBI_CALIBRATION_TOKENS = 32  # tokens per image it generates (at most the image)
+
+
+def _jacobi_counts(target, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
+                   plans: Sequence[Plan], emb_masks=None) -> Dict[Plan, tuple]:
+    """Per Jacobi window of ``plans``: (hits, trials) per depth over a run of that window alone, from the image's
+    start, of JACOBI_CALIBRATION_IMAGES images (labels cycled from cond_idx) and JACOBI_CALIBRATION_TOKENS
+    tokens each."""
+    counts = {}
+    pick = torch.arange(JACOBI_CALIBRATION_IMAGES, device=cond_idx.device) % cond_idx.shape[0]
+    labels, masks = cond_idx[pick], None if emb_masks is None else emb_masks[pick]
+    length = min(L, JACOBI_CALIBRATION_TOKENS)
+    for plan in plans:
+        if plan.kind != "jacobi":
+            continue
+        hits, trials = [0] * plan.depth, [0] * plan.depth
+        loop = _Loop(target, None, labels, neighbours, config, sampling, length, [plan], catch_up=False,
+                     emb_masks=masks)
+        step, last = 0, None
+        with ops.checks.values_checked_by_caller():
+            while True:
+                active = loop.sync(0, last)[0]  # reads the last step's figures
+                if last is not None:
+                    for d, (h, t) in enumerate(zip(last.hits, last.trials)):
+                        hits[d] += h
+                        trials[d] += t
+                if active == 0:
+                    break
+                step += 1
+                loop.step(plan, step)
+                last = loop.figures
+        loop.close()
+        counts[plan] = (hits, trials)
+    return counts
+
+
 PRUNE_SLACK = 0.25  # calibrate: a plan predicted this much slower than AR at a row count is still timed there
 
 
@@ -838,13 +988,13 @@ def _contains(big: Plan, small: Plan) -> bool:
     tree that holds small's, at least as many drafter calls); every step contains an AR step."""
     if small.is_ar:
         return True
-    if big.kind != small.kind or big.samples != small.samples or big.depth < small.depth:
+    if big.kind != small.kind or big.family != small.family or big.depth < small.depth:
         return False
     if big.kind == "dynamic":
         return big.n_nodes >= small.n_nodes and big.top_per_node >= small.top_per_node
     if big.kind == "static":
         return all(b >= w for b, w in zip(big.static_widths, small.static_widths))
-    return True  # chains
+    return True  # chains and Jacobi windows
 
 
 def _nested_min(points: Dict[str, Dict[int, float]], plans: Sequence[Plan]) -> None:

@@ -55,6 +55,20 @@ def unguided_past_interval(cond: torch.Tensor, uncond: torch.Tensor, predicts: t
     return torch.where((predicts > cfg_interval)[..., None], cond, uncond)
 
 
+def guided_logits(logits: torch.Tensor, B: int, guided: bool, cfg_scale, predicts: torch.Tensor,
+                  cfg_interval: int) -> torch.Tensor:
+    """Classifier-free guidance of a model's rows: logits [rows, ..., V] ([cond; uncond] halves when guided,
+    rows = 2B; else rows = B), predicts [B, ...] the token index each row of logits predicts (LlamaGen's
+    cfg_interval) -> [B, ..., V]."""
+    if not guided:
+        return logits
+    cond, uncond = logits[:B], unguided_past_interval(logits[:B], logits[B:], predicts, cfg_interval)
+    s = cfg_scale
+    if isinstance(s, torch.Tensor):
+        s = s.view(-1, *([1] * (cond.dim() - 1)))
+    return uncond + s * (cond - uncond)
+
+
 class DraftScorer:
     """Runs the drafter on partial trees and turns its logits into guided draft distributions.
     rows = 2B with guidance ([cond; uncond] halves), else B. With cfg_interval >= 0, logits that predict a
@@ -69,14 +83,7 @@ class DraftScorer:
 
     def guide(self, logits: torch.Tensor, predicts: torch.Tensor) -> torch.Tensor:
         """logits [rows, ..., V]; predicts [B, ...] the token index each row of logits predicts -> [B, ..., V]"""
-        if not self.guided:
-            return logits
-        cond, uncond = logits[: self.B], unguided_past_interval(logits[: self.B], logits[self.B :], predicts,
-                                                                self.cfg_interval)
-        s = self.cfg_scale
-        if isinstance(s, torch.Tensor):
-            s = s.view(-1, *([1] * (cond.dim() - 1)))
-        return uncond + s * (cond - uncond)
+        return guided_logits(logits, self.B, self.guided, self.cfg_scale, predicts, self.cfg_interval)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x]) if self.guided else x
