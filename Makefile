@@ -33,7 +33,7 @@ test: install
 	$(VENV)/bin/python -m pytest -q
 
 demo: install
-	$(VENV)/bin/lantern generate --method lantern --fused auto --out samples.png --json samples.json
+	$(VENV)/bin/lantern generate --method lantern --fused auto --per-class 1 --out samples.png --json samples.json
 
 bench: install
 	$(VENV)/bin/python -m bench

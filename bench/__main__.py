@@ -7,8 +7,8 @@ import os
 import torch
 
 from .common import Report
-from . import (bench_checks, bench_decode, bench_model_costs, bench_neighbours, bench_speedup, bench_tree_attention,
-               bench_verify)
+from . import (bench_checks, bench_cspd, bench_decode, bench_model_costs, bench_neighbours, bench_speedup,
+               bench_tree_attention, bench_verify)
 
 
 def main() -> None:
@@ -24,8 +24,13 @@ def main() -> None:
     bench_tree_attention.run(report, quick=args.quick)
     bench_checks.run(report, quick=args.quick)
     bench_model_costs.run(report, quick=args.quick)
+    bench_model_costs.run_dtypes(report, quick=args.quick)
     bench_decode.run(report, quick=args.quick)
     bench_speedup.run(report, batches=(1, 8) if args.quick else (1, 8, 40), repeats=2 if args.quick else 3)
+    if args.quick:  # skipped, with the reason, while the tiny MAR weights are missing
+        bench_cspd.run(report, batches=(1, 8), gammas=(8, 32), repeats=1, quality_images=20)
+    else:
+        bench_cspd.run(report)
     report.write(args.json)
 
 

@@ -13,7 +13,10 @@ For each shape (layers x width):
   time of aten::mm / addmm / bmm), i.e. how far the forward is bound by weight reads and arithmetic rather
   than by per-op dispatch.
 
-`python -m bench.bench_model_costs` runs it alone; `python -m bench` includes it.
+``run_dtypes``: the same target forward in float32 against bfloat16 at batch 1, 8 and 40 (what
+``models.decode_dtype`` chooses between on a CPU).
+
+`python -m bench.bench_model_costs` runs both; `python -m bench` includes them.
 """
 from __future__ import annotations
 
@@ -99,6 +102,33 @@ def run(report: Report, quick: bool = False) -> dict:
     return summary
 
 
+def run_dtypes(report: Report, quick: bool = False) -> dict:
+    """The shipped shape's target forward in float32 against bfloat16 (random weights), at 2, 16 and 80 rows
+    (batch 1, 8, 40 with guidance) over T = 1, 2, 4 new tokens, timed in alternation: what
+    ``models.decode_dtype`` chooses between on a CPU."""
+    if not lantern.fused_ops("cpu").get("tree_attention"):
+        return {}
+    target32, _ = _models("GPT-tiny-deep")
+    target16 = _models("GPT-tiny-deep")[0].to(torch.bfloat16)
+    summary = {}
+    with lantern.fused("cpu"), torch.inference_mode():
+        for rows in (2, 16, 80):
+            case = f"GPT-tiny-deep rows={rows}"
+            fns = {}
+            for name, target in (("float32", target32), ("bfloat16", target16)):
+                for T in (1, 2, 4):
+                    fns[f"{name} T={T}"] = _target_step(target, rows, T)
+            times = interleaved_medians(fns, repeats=3 if quick else 7)
+            for impl, seconds in times.items():
+                report.add("dtype_costs", case, impl, seconds)
+            for T in (1, 2, 4):
+                report.ratio("dtype_costs", case, f"float32 T={T}", f"bfloat16 T={T}")
+            for name in ("float32", "bfloat16"):
+                report.ratio("dtype_costs", case, f"{name} T=4", f"{name} T=1")
+            summary[rows] = times
+    return summary
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -108,4 +138,5 @@ if __name__ == "__main__":
     args = parser.parse_args()
     report = Report()
     run(report, quick=args.quick)
+    run_dtypes(report, quick=args.quick)
     report.write(args.json)

@@ -20,18 +20,20 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
     return statistics.median(times)
 
 
-def interleaved_medians(fns: Dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1) -> Dict[str, float]:
+def interleaved_medians(fns: Dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                        clock: Callable[[], float] = time.perf_counter) -> Dict[str, float]:
     """Median seconds of each function, timed in alternation (a, b, c, a, b, c, ...) so that a change in the
-    machine's load during the run hits every contender alike."""
+    machine's load during the run hits every contender alike. ``clock``: time.perf_counter (wall), or
+    time.process_time (this process's CPU time: with one thread, the wall time of an idle machine)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times: Dict[str, List[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

@@ -6,8 +6,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/broadcast_tensors.h>
 #include <c10/util/Exception.h>
+#include <c10/util/string_view.h>
+#include <ATen/ops/empty.h>
+
+#include "lantern/continuous_verify.h"
 
 #include <array>
+#include <cmath>
+#include <cstdint>
 #include <optional>
 #include <utility>
 
@@ -18,6 +24,21 @@ struct CompactKVDims {
   int64_t L, B, H, Lmax, Dh, P;
 };
 
+// Whether the memory spans of a and b (first to last element; torch strides are never negative) intersect.
+// Conservative: two strided views that interleave without sharing an element count as overlapping.
+inline bool memory_overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || a.device() != b.device()) return false;
+  const auto span = [](const at::Tensor& t) {
+    int64_t extent = 0;  // elements from the first to the last
+    for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
+    const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
+    return std::pair<uintptr_t, uintptr_t>{first, first + static_cast<uintptr_t>((extent + 1) * t.element_size())};
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
 inline void check_int64_on_device(const at::Tensor& t, const char* name, const at::Tensor& cache) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, "compact_kv: ", name, " must be int64, got ",
                    t.scalar_type());
@@ -26,7 +47,7 @@ inline void check_int64_on_device(const at::Tensor& t, const char* name, const a
 }
 
 // cache [..., B, Hkv, Lmax, Dh] any float dtype, contiguous; cache_len int64 [B];
-// path_nodes int64 [B, P]; n_keep int64 [B].
+// path_nodes int64 [B, P]; n_keep int64 [B]; none of the three in cache's memory.
 inline CompactKVDims check_compact_kv(const at::Tensor& cache, const at::Tensor& cache_len,
                                       const at::Tensor& path_nodes, const at::Tensor& n_keep) {
   TORCH_CHECK_VALUE(cache.dim() >= 4, "compact_kv: cache must have shape [..., B, Hkv, Lmax, Dh], got ",
@@ -40,6 +61,12 @@ inline CompactKVDims check_compact_kv(const at::Tensor& cache, const at::Tensor&
   check_int64_on_device(cache_len, "cache_len", cache);
   check_int64_on_device(path_nodes, "path_nodes", cache);
   check_int64_on_device(n_keep, "n_keep", cache);
+  // The kernels read the lengths and indices while they write the cache: inputs in its memory would be
+  // overwritten mid-copy (and then index outside it).
+  for (const auto& [t, name] : {std::pair{&cache_len, "cache_len"}, std::pair{&path_nodes, "path_nodes"},
+                                std::pair{&n_keep, "n_keep"}})
+    TORCH_CHECK_VALUE(!memory_overlaps(cache, *t), "compact_kv: ", name,
+                      " overlaps the memory of cache, which is modified in place; pass a copy");
   TORCH_CHECK_VALUE(cache_len.dim() == 1 && cache_len.size(0) == g.B, "compact_kv: cache_len must have shape [",
                     g.B, "] (B = cache.shape[-4]), got ", cache_len.sizes());
   TORCH_CHECK_VALUE(n_keep.dim() == 1 && n_keep.size(0) == g.B, "compact_kv: n_keep must have shape [", g.B,
@@ -195,6 +222,101 @@ inline void check_latent_neighbours(const at::Tensor& codebook, int64_t K) {
   TORCH_CHECK_VALUE(codebook.size(0) <= (int64_t{1} << 31) - 1, "latent_neighbours: V must fit in int32");
   TORCH_CHECK_VALUE(K >= 1 && K <= codebook.size(0) - 1, "latent_neighbours: K must be in [1, V - 1 = ",
                     codebook.size(0) - 1, "], got ", K);
+}
+
+// ---- continuous_verify (docs/cspd.md) ----------------------------------------------------------------------
+
+struct ContinuousVerifyDims {
+  int64_t B, N, C;
+};
+
+// draft, mu_p, sigma_p, mu_q, sigma_q float32 [B, N, C]; logsig_p, logsig_q float32 [B, N]; rows int64 [B];
+// positions int64 [B, N]; rule "exact" | "paper"; sigma_ratio "paper" | "code"; bandwidth > 0 (1 for exact);
+// max_tries >= 1; seed, offset one-element int64; all on draft's device. Values (NaN, stds <= 0) are
+// checked by lantern.ops.continuous_verify; they cannot make the kernels read or write out of bounds.
+inline ContinuousVerifyDims check_continuous_verify(
+    const at::Tensor& draft, const at::Tensor& mu_p, const at::Tensor& sigma_p, const at::Tensor& mu_q,
+    const at::Tensor& sigma_q, const at::Tensor& logsig_p, const at::Tensor& logsig_q, const at::Tensor& rows,
+    const at::Tensor& positions, c10::string_view rule, double bandwidth, c10::string_view sigma_ratio,
+    int64_t max_tries, const at::Tensor& seed, const at::Tensor& offset) {
+  TORCH_CHECK_VALUE(draft.dim() == 3 && draft.size(2) >= 1,
+                    "continuous_verify: draft must have shape [B, N, C] with C >= 1, got ", draft.sizes());
+  const int64_t B = draft.size(0), N = draft.size(1), C = draft.size(2);
+  const std::pair<const at::Tensor*, const char*> blocks[] = {
+      {&draft, "draft"}, {&mu_p, "mu_p"}, {&sigma_p, "sigma_p"}, {&mu_q, "mu_q"}, {&sigma_q, "sigma_q"}};
+  for (const auto& [t, name] : blocks) {
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, "continuous_verify: ", name, " must be float32, got ",
+                     t->scalar_type());
+    TORCH_CHECK_VALUE(t->device() == draft.device(), "continuous_verify: ", name, " must be on ", draft.device(),
+                      ", got ", t->device());
+    TORCH_CHECK_VALUE(t->sizes() == draft.sizes(), "continuous_verify: ", name, " must have shape ", draft.sizes(),
+                      " (like draft), got ", t->sizes());
+  }
+  const std::pair<const at::Tensor*, const char*> sums[] = {{&logsig_p, "logsig_p"}, {&logsig_q, "logsig_q"}};
+  for (const auto& [t, name] : sums) {
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, "continuous_verify: ", name, " must be float32, got ",
+                     t->scalar_type());
+    TORCH_CHECK_VALUE(t->device() == draft.device() && t->dim() == 2 && t->size(0) == B && t->size(1) == N,
+                      "continuous_verify: ", name, " must have shape [", B, ", ", N, "] on ", draft.device(),
+                      ", got ", t->sizes(), " on ", t->device());
+  }
+  TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong && positions.scalar_type() == at::kLong,
+                   "continuous_verify: rows and positions must be int64");
+  TORCH_CHECK_VALUE(rows.device() == draft.device() && rows.dim() == 1 && rows.size(0) == B,
+                    "continuous_verify: rows must have shape [", B, "] on ", draft.device(), ", got ", rows.sizes());
+  TORCH_CHECK_VALUE(positions.device() == draft.device() && positions.dim() == 2 && positions.size(0) == B &&
+                        positions.size(1) == N,
+                    "continuous_verify: positions must have shape [", B, ", ", N, "] on ", draft.device(), ", got ",
+                    positions.sizes());
+  TORCH_CHECK_VALUE(rule == "exact" || rule == "paper", "continuous_verify: rule must be 'exact' or 'paper', got '",
+                    rule, "'");
+  TORCH_CHECK_VALUE(sigma_ratio == "paper" || sigma_ratio == "code",
+                    "continuous_verify: sigma_ratio must be 'paper' or 'code', got '", sigma_ratio, "'");
+  TORCH_CHECK_VALUE(std::isfinite(bandwidth) && bandwidth > 0, "continuous_verify: bandwidth must be > 0, got ",
+                    bandwidth);
+  TORCH_CHECK_VALUE(max_tries >= 1 && max_tries < (int64_t{1} << 31) - 1,
+                    "continuous_verify: max_tries must be in [1, 2^31 - 1), got ", max_tries);
+  for (const auto& [t, name] : {std::pair{&seed, "seed"}, std::pair{&offset, "offset"}}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, "continuous_verify: ", name, " must be an int64 tensor, got ",
+                     t->scalar_type());
+    TORCH_CHECK_VALUE(t->numel() == 1 && t->device() == draft.device(), "continuous_verify: ", name,
+                      " must have one element on ", draft.device());
+  }
+  return {B, N, C};
+}
+
+// The kernels' view of a checked call: contiguous inputs, the rule, and the outputs (tokens float32 [B, N, C],
+// accepted bool [B, N], tries int32 [B, N]), allocated on draft's device.
+struct ContinuousVerifyCall {
+  ContinuousVerifyDims dims;
+  ContinuousRule rule;
+  at::Tensor x, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions;
+  at::Tensor tokens, accepted, tries;
+};
+
+inline ContinuousVerifyCall prepare_continuous_verify(
+    const at::Tensor& draft, const at::Tensor& mu_p, const at::Tensor& sigma_p, const at::Tensor& mu_q,
+    const at::Tensor& sigma_q, const at::Tensor& logsig_p, const at::Tensor& logsig_q, const at::Tensor& rows,
+    const at::Tensor& positions, c10::string_view rule, double bandwidth, c10::string_view sigma_ratio,
+    int64_t max_tries, const at::Tensor& seed, const at::Tensor& offset) {
+  const auto g = check_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions, rule,
+                                         bandwidth, sigma_ratio, max_tries, seed, offset);
+  const ContinuousRule how{rule == "paper", sigma_ratio == "code", static_cast<float>(bandwidth),
+                           static_cast<int32_t>(max_tries)};
+  return {g,
+          how,
+          draft.contiguous(),
+          mu_p.contiguous(),
+          sigma_p.contiguous(),
+          mu_q.contiguous(),
+          sigma_q.contiguous(),
+          logsig_p.contiguous(),
+          logsig_q.contiguous(),
+          rows.contiguous(),
+          positions.contiguous(),
+          at::empty({g.B, g.N, g.C}, draft.options()),
+          at::empty({g.B, g.N}, draft.options().dtype(at::kBool)),
+          at::empty({g.B, g.N}, draft.options().dtype(at::kInt))};
 }
 
 }  // namespace lantern

@@ -29,6 +29,16 @@ TORCH_LIBRARY(lantern, m) {
   m.def("latent_neighbours(Tensor codebook, int K, bool normalize) -> Tensor");
   // SPEC §6. q [B, H, T, Dh]; k_cache, v_cache [B, Hkv, Lmax, Dh] (q's dtype, stride-1 last dimension);
   // cache_len int64 [B]; tree_mask int32 [B, T, ceil(T/32)] -> o [B, H, T, Dh] in q's dtype (float32 math).
+  // docs/cspd.md. One call for a block of B x N continuous tokens: draft, mu_p, sigma_p, mu_q, sigma_q float32
+  // [B, N, C]; logsig_p, logsig_q float32 [B, N] (log-std sums over the non-final steps); rows int64 [B],
+  // positions int64 [B, N] (Philox keys c1, c2); rule "exact" | "paper"; bandwidth (paper); sigma_ratio
+  // "paper" | "code"; max_tries >= 1; seed, offset one-element int64 (c3 = offset + try). Returns (tokens
+  // float32 [B, N, C], accepted bool [B, N], tries int32 [B, N]: 0 accepted, k proposal k kept, max_tries + 1
+  // capped with the last proposal kept).
+  m.def(
+      "continuous_verify(Tensor draft, Tensor mu_p, Tensor sigma_p, Tensor mu_q, Tensor sigma_q, Tensor logsig_p, "
+      "Tensor logsig_q, Tensor rows, Tensor positions, str rule, float bandwidth, str sigma_ratio, int max_tries, "
+      "Tensor seed, Tensor offset) -> (Tensor, Tensor, Tensor)");
   m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_len, Tensor tree_mask) -> Tensor");
 }
 

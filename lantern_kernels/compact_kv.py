@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from lantern.ops import library
+from lantern.ops import checks, library
 
 from ._common import interpreting, next_power_of_2
 
@@ -49,6 +49,8 @@ def _launch(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tens
             n_keep: torch.Tensor) -> torch.Tensor:
     """cache [..., B, Hkv, Lmax, Dh] contiguous (modified in place), cache_len [B] int64, path_nodes [B, P]
     int64 (any strides), n_keep [B] int64 -> new lengths [B] (checks already ran)."""
+    # programs read cache_len, n_keep and path_nodes while others write the cache: they must not share memory
+    checks.not_overlapping("cache", cache, cache_len=cache_len, path_nodes=path_nodes, n_keep=n_keep)
     B, Hkv, Lmax, Dh = cache.shape[-4:]
     P = path_nodes.shape[1]
     new_len = torch.empty_like(cache_len)

@@ -14,6 +14,10 @@ Positions at or past cache_len[b] + T are never loaded (they may hold anything).
 
 A row whose tiles so far were all masked keeps m = -inf; the update uses 0 in place of -inf so exp2 never
 sees -inf - (-inf). Every query attends at least to itself, so l > 0 at the end.
+
+Non-finite inputs are never hidden (as the reference): a query row with a non-finite score (q or a key
+holds NaN / inf) or a non-finite value at a position it attends to is written as NaN in full. Non-finite
+values are replaced by 0 before the P V product, so that they cannot reach rows that do not attend to them.
 float32 (and float64, computed in float32 like the reference) inputs use IEEE float32 dots (no TF32), so results match the reference to ~1e-6; float16 /
 bfloat16 inputs use the tensor-core path with P rounded to the input dtype (as flash attention does).
 """
@@ -41,6 +45,23 @@ def _dot(a, b, IEEE: tl.constexpr, BF16_AS_F32: tl.constexpr):
         # bf16 x bf16 products are exact in float32, so this is the tensor-core result up to summation order
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b)
+
+
+@triton.jit
+def _nonfinite(x):
+    return (x != x) | (tl.abs(x) == float("inf"))
+
+
+@triton.jit
+def _poison(poisoned, scores, v_tile, attends):
+    """poisoned [M] int32 |= a non-finite score or value at an attended position (attends [M, N]); returns
+    (poisoned, v_tile with non-finite values replaced by 0)."""
+    # tested in float32: Triton's interpreter compares bfloat16 as bit patterns (NaN != NaN would be False)
+    bad_elements = _nonfinite(v_tile.to(tl.float32))  # [N, D]
+    bad_value = tl.max(bad_elements.to(tl.int32), axis=1)  # [N]
+    bad = (_nonfinite(scores) | (bad_value[None, :] != 0)) & attends  # [M, N]
+    poisoned = tl.maximum(poisoned, tl.max(bad.to(tl.int32), axis=1))
+    return poisoned, tl.where(bad_elements, 0.0, v_tile).to(v_tile.dtype)
 
 
 @triton.jit
@@ -91,6 +112,7 @@ def _tree_attention_kernel(q, k, v, o, cache_len, tree_mask,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    poisoned = tl.zeros([BLOCK_M], dtype=tl.int32)
     n = tl.arange(0, BLOCK_N)
 
     for start in range(0, prefix, BLOCK_N):  # the committed prefix: no tree mask
@@ -103,6 +125,7 @@ def _tree_attention_kernel(q, k, v, o, cache_len, tree_mask,
         if UPCAST:
             k_tile, v_tile = k_tile.to(tl.float32), v_tile.to(tl.float32)
         scores = _dot(q_tile, k_tile, IEEE, BF16_AS_F32) * qk_scale
+        poisoned, v_tile = _poison(poisoned, scores, v_tile, row_ok[:, None] & pos_ok[None, :])
         scores = tl.where(pos_ok[None, :], scores, float("-inf"))
         m_i, l_i, acc = _online_update(scores, v_tile, m_i, l_i, acc, IEEE, BF16_AS_F32)
 
@@ -120,11 +143,12 @@ def _tree_attention_kernel(q, k, v, o, cache_len, tree_mask,
                         mask=row_ok[:, None] & node_ok[None, :], other=0)  # [M, N] int32
         attends = ((words >> (node[None, :] & 31)) & 1) != 0  # arithmetic shift: bit 31 still reads right
         scores = _dot(q_tile, k_tile, IEEE, BF16_AS_F32) * qk_scale
+        poisoned, v_tile = _poison(poisoned, scores, v_tile, attends)
         scores = tl.where(attends, scores, float("-inf"))
         m_i, l_i, acc = _online_update(scores, v_tile, m_i, l_i, acc, IEEE, BF16_AS_F32)
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # only rows past the group (never stored)
-    out = acc / l_i[:, None]
+    out = tl.where(poisoned[:, None] != 0, float("nan"), acc / l_i[:, None])
     o_ptrs = o + ((b * Hkv * GROUP + head[:, None]).to(tl.int64) * T + t[:, None]) * Dh + d[None, :]
     tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 

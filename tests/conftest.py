@@ -16,6 +16,23 @@ if "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+def _register_hypothesis_profiles():
+    """"ci" (the default): hypothesis's usual 100 examples per test, derandomized, so that every run tries
+    the same cases; "long" (``pytest --hypothesis-profile=long``): 20 times as many random examples, for a
+    differential fuzzing session (tests/test_fuzz.py, docs/hardening.md). Both drop the per-example
+    deadline (the first call of a kernel pays for its self-check, and the shared machine's load varies)."""
+    from hypothesis import HealthCheck, settings
+
+    slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile("ci", deadline=None, derandomize=True, suppress_health_check=slow)
+    settings.register_profile("long", max_examples=2_000, deadline=None, suppress_health_check=slow,
+                              print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+_register_hypothesis_profiles()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need a CUDA device: skip them cleanly without one."""
     import pytest

@@ -3,6 +3,7 @@ layouts written out from the published formulas (not from lantern's modules), an
 of the forward, the head and the sampling chain from raw tensors (loops, explicit formulas)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Dict, Tuple
 
@@ -25,6 +26,23 @@ def small_mar(seed: int = 0, **overrides):
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * (0.3 if p.dim() < 2 else 0.5 / math.sqrt(p.shape[-1])))
     return model
+
+
+@contextlib.contextmanager
+def recording_head_inputs(model, store: list):
+    """Within the block, every run of the model's head appends (x_T [M, C], step noise [T - 1, M, C]) to store."""
+    original = model.diffloss.sample
+
+    def sample(z, x_T, noise, **kw):
+        T = model.diffloss.gen_diffusion.num_timesteps
+        store.append((x_T.clone(), torch.stack([noise(t) for t in range(1, T)])))
+        return original(z, x_T, noise, **kw)
+
+    model.diffloss.sample = sample
+    try:
+        yield store
+    finally:
+        model.diffloss.sample = original
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -330,3 +330,29 @@ def integer_codebook(V, d, seed, spread=2, device="cpu"):
     """Small integer coordinates: every distance is exact in float32 and ties are everywhere."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(-spread, spread + 1, (V, d), generator=g).to(torch.float32).to(device)
+
+
+# ---- continuous_verify ---------------------------------------------------------------------------------
+
+def continuous_block(seed: int, B: int, N: int, C: int, gap: float = 0.3, spread: float = 0.5) -> dict:
+    """A random continuous_verify block (CPU, float32): target N(mu_p, sigma_p), drafter mean within ``gap``
+    (in units of the target std) and std within a factor exp(+-spread), the draft a sample of the drafter,
+    log-std sums of either sign."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (B, N, C)
+    mu_p = torch.randn(shape, generator=g)
+    sigma_p = torch.exp(torch.randn(shape, generator=g) * 0.5)
+    mu_q = mu_p + gap * sigma_p * torch.randn(shape, generator=g)
+    sigma_q = sigma_p * torch.exp((torch.rand(shape, generator=g) * 2 - 1) * spread)
+    draft = mu_q + sigma_q * torch.randn(shape, generator=g)
+    logsig_p, logsig_q = torch.randn(B, N, generator=g) * 2, torch.randn(B, N, generator=g) * 2
+    return dict(draft=draft, mu_p=mu_p, sigma_p=sigma_p, mu_q=mu_q, sigma_q=sigma_q, logsig_p=logsig_p,
+                logsig_q=logsig_q)
+
+
+def assert_continuous_agree(got, want, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """Decisions and tries equal, tokens within float32 rounding of the math functions (docs/cspd.md)."""
+    assert torch.equal(got.accepted.cpu(), want.accepted.cpu())
+    assert torch.equal(got.tries.cpu(), want.tries.cpu())
+    assert got.tokens.dtype == torch.float32 and got.tries.dtype == torch.int32 and got.accepted.dtype == torch.bool
+    torch.testing.assert_close(got.tokens.cpu(), want.tokens.cpu(), rtol=rtol, atol=atol)

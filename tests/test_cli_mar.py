@@ -11,6 +11,7 @@ from PIL import Image
 
 import lantern.tiny_mar
 from lantern.cli import main
+from lantern.decoding.mar import tokens_per_step
 from lantern.models import build_mar, build_vae
 
 
@@ -72,3 +73,51 @@ def test_tiny_mar_generates(tmp_path):
                          "--out", str(tmp_path / "t.png"), "--json", str(js), "--no-progress")
     assert "classifier accuracy" in stdout
     assert 0.0 <= json.loads(js.read_text())["class_accuracy"] <= 1.0
+
+
+def _cspd_args(files, out, *extra):
+    return _args(files, out, "--method", "cspd", "--mar-drafter", str(files / "checkpoint-last.pth"),
+                 "--mar-drafter-name", "MAR-tiny-drafter", *extra)
+
+
+def test_cspd_writes_its_figures_and_the_target_only_baseline(files, tmp_path):
+    js = tmp_path / "cspd.json"
+    stdout = lantern_cli(*_cspd_args(files, tmp_path / "a.png", "--gamma", "2", "--num-iter", "6", "--json", str(js)))
+    assert "acceptance" in stdout and "capped fallbacks" in stdout and "speed-up vs target-only MAR" in stdout
+    f = json.loads(js.read_text())
+    assert f["method"] == "cspd" and f["gamma"] == 2 and f["rule"] == "exact" and f["last_step_noise"] is True
+    assert 0.0 <= f["acceptance"] <= 1.0 and f["residual_fallbacks"] == 0
+    assert f["drafted"] == 4 * (64 - tokens_per_step(64, 6)[0])  # pre-fill: ceil(0.05 * 6) = 1 step
+    assert f["tau"] == pytest.approx(64 / (1 + 3)) and f["speedup_vs_ar"] == pytest.approx(f["ar_wall_s"] / f["wall_s"])
+    assert f["target_forwards"] == 4 and f["drafter_forwards"] == 5 and f["verify_s"] > 0
+    lantern_cli(*_cspd_args(files, tmp_path / "b.png", "--gamma", "2", "--num-iter", "6", "--batch", "3",
+                            "--no-ar-baseline"))
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+
+
+def test_cspd_options_are_checked(files, tmp_path):
+    with pytest.raises(SystemExit, match="--gamma applies to --method cspd"):
+        main(_args(files, tmp_path / "c.png", "--gamma", "4"))
+    with pytest.raises(SystemExit, match="--mar-drafter PATH"):
+        main(_args(files, tmp_path / "c.png", "--method", "cspd"))
+    with pytest.raises(SystemExit, match="bandwidth"):
+        main(_cspd_args(files, tmp_path / "c.png", "--bandwidth", "42"))
+    with pytest.raises(SystemExit, match="gamma"):
+        main(_cspd_args(files, tmp_path / "c.png", "--gamma", "0"))
+    with pytest.raises(SystemExit, match="MAR models"):
+        main(["generate", "--model", "tiny", "--method", "cspd", "--out", str(tmp_path / "c.png")])
+    with pytest.raises(SystemExit, match="--rule does not apply to --model tiny"):
+        main(["generate", "--model", "tiny", "--rule", "paper", "--out", str(tmp_path / "c.png")])
+
+
+@pytest.mark.skipif(not (lantern.tiny_mar.TINY_MAR_DIR / lantern.tiny_mar.META_FILE).exists(),
+                    reason="the tiny MAR weights are not trained yet (python -m lantern.tiny_mar.train)")
+def test_tiny_mar_cspd_generates(tmp_path):
+    js = tmp_path / "run.json"
+    stdout = lantern_cli("generate", "--model", "tiny-mar", "--method", "cspd", "--classes", "2", "--per-class", "2",
+                         "--num-iter", "8", "--gamma", "4", "--out", str(tmp_path / "t.png"), "--json", str(js),
+                         "--no-progress")
+    assert "classifier accuracy" in stdout
+    f = json.loads(js.read_text())
+    for key in ("speedup_vs_ar", "acceptance", "residual_fallbacks", "tau", "class_accuracy", "fd", "ar_class_accuracy"):
+        assert key in f

@@ -70,8 +70,13 @@ def op_samples():
     parents = torch.tensor(self_check.ATT_PARENTS)
     scores = torch.tensor([[-0.5, -1.0, -0.75, -2.0], [-0.25, -0.5, -3.0, -0.6]])
     cand_parents = torch.tensor([[-1, -1, 0, 1], [-1, 0, 1, 0]])
+    cv = self_check.continuous_cases(CPU)[1][0]
+    continuous = library.continuous_verify_args(
+        *(cv[n] for n in ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q", "logsig_p", "logsig_q", "rule", "bandwidth",
+                          "sigma_ratio")), 1000, cv["seed"], cv["offset"], cv["rows"], cv["positions"])
     return {
         "verify": verify,
+        "continuous_verify": continuous,
         "latent_neighbours": (self_check.neighbour_codebook(CPU), self_check.NEIGHBOUR_K, True),
         "tree_attention": self_check.attention_case(CPU),
         "compact_kv": self_check.compact_case(CPU),
@@ -212,6 +217,8 @@ def test_cached_tree_forward_traces_as_one_graph(backend):
 
 PLANS = {
     "chain": Plan("chain3", "chain", depth=3),
+    "sampled_chain": Plan("chain3s", "chain", depth=3, sampled=True),
+    "static": Plan("static2-1-1", "static", depth=3, static_widths=(2, 1, 1)),
     "dynamic": Plan("tree8", "dynamic", depth=3, n_nodes=8, top_per_node=3),
     "ar": Plan("ar", "ar"),
 }
@@ -271,6 +278,8 @@ def assert_same_state(a: _Loop, b: _Loop) -> None:
 @pytest.mark.parametrize("backend, method, plan", [
     pytest.param("cpu", "lantern", "chain", marks=needs_extension),
     pytest.param("cpu", "spec", "dynamic", marks=needs_extension),
+    pytest.param("cpu", "lantern", "sampled_chain", marks=needs_extension),
+    pytest.param("cpu", "spec", "static", marks=needs_extension),
     ("reference", "lantern", "dynamic"),
 ])
 @torch.no_grad()

@@ -72,6 +72,21 @@ def _tree_attention(dev: torch.device) -> List[Call]:
             for dtype in (torch.float32, torch.bfloat16)]
 
 
+def _continuous_verify(dev: torch.device) -> List[Call]:
+    import lantern.ops as ops
+    from lantern.ops import self_check
+
+    calls = []
+    for kwargs, _ in self_check.continuous_cases(dev):  # exact, paper, a 2-try cap
+        calls.append(lambda kwargs=kwargs: ops.continuous_verify(**kwargs))
+    g = torch.Generator().manual_seed(0)
+    block = [torch.randn(5, 33, 16, generator=g).to(dev) for _ in range(5)]  # [B, N, C]: a grid-stride tail
+    block[2], block[4] = block[2].abs() + 0.1, block[4].abs() + 0.1  # stds
+    sums = [torch.randn(5, 33, generator=g).to(dev) for _ in range(2)]
+    calls.append(lambda: ops.continuous_verify(*block, *sums, rule="paper", bandwidth=42.0, seed=3))
+    return calls
+
+
 # op -> its calls on ``dev`` (inputs made here, outside the backend block; each call goes through lantern.ops)
 CASES: Dict[str, Callable[[torch.device], List[Call]]] = {
     "compact_kv": _compact_kv,
@@ -79,6 +94,7 @@ CASES: Dict[str, Callable[[torch.device], List[Call]]] = {
     "verify": _verify,
     "latent_neighbours": _latent_neighbours,
     "tree_attention": _tree_attention,
+    "continuous_verify": _continuous_verify,
 }
 
 

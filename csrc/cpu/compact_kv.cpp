@@ -15,10 +15,16 @@ namespace {
 at::Tensor compact_kv_cpu(at::Tensor& cache, const at::Tensor& cache_len, const at::Tensor& path_nodes,
                           const at::Tensor& n_keep) {
   const auto g = lantern::check_compact_kv(cache, cache_len, path_nodes, n_keep);
-  const at::Tensor len_t = cache_len.contiguous(), path_t = path_nodes.contiguous(), keep_t = n_keep.contiguous();
-  const int64_t* len = len_t.data_ptr<int64_t>();    // [B]
-  const int64_t* path = path_t.data_ptr<int64_t>();  // [B, P]
-  const int64_t* keep = keep_t.data_ptr<int64_t>();  // [B]
+  // The lengths and indices are read once, into memory of this call's own, before anything is written.
+  const auto owned = [](const at::Tensor& t) {
+    const at::Tensor c = t.contiguous();
+    const int64_t* p = c.data_ptr<int64_t>();
+    return std::vector<int64_t>(p, p + c.numel());
+  };
+  const std::vector<int64_t> len_v = owned(cache_len), path_v = owned(path_nodes), keep_v = owned(n_keep);
+  const int64_t* len = len_v.data();    // [B]
+  const int64_t* path = path_v.data();  // [B, P]
+  const int64_t* keep = keep_v.data();  // [B]
 
   // Validate every row before anything moves, so a bad input leaves the cache untouched.
   using lantern::CompactKVError;

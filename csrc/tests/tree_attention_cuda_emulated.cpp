@@ -51,7 +51,8 @@ int failures = 0;
 // q [B, H, T, Dh + qpad] and K/V [B, Hkv, Lmax, Dh + kvpad] (the pads make the strides non-dense); random
 // trees (each node's parent drawn among the earlier nodes).
 template <class E, int Dp>
-void run_case(int B, int H, int Hkv, int T, int Dh, int Lmax, std::vector<int64_t> len, int kvpad, int qpad, unsigned seed) {
+void run_case(int B, int H, int Hkv, int T, int Dh, int Lmax, std::vector<int64_t> len, int kvpad, int qpad, unsigned seed,
+              bool corrupt = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t q_st = Dh + qpad, q_sh = T * q_st, q_sb = H * q_sh;
@@ -63,6 +64,13 @@ void run_case(int B, int H, int Hkv, int T, int Dh, int Lmax, std::vector<int64_
     const bool unused = len[b] < 0 || pos >= len[b] + T;
     k[i] = fromf<E>(unused ? NAN : nd(rng));
     v[i] = fromf<E>(unused ? NAN : nd(rng));
+  }
+  if (corrupt) {  // non-finite inputs: the rows that read them come out NaN in full, no other row is touched
+    const auto at = [&](int64_t b, int64_t g, int64_t pos, int64_t d) { return b * k_sb + g * k_sh + pos * k_sl + d; };
+    v[at(0, 0, len[0] + T - 1, 1)] = fromf<E>(NAN);        // the last tree node's value: only that node reads it
+    k[at(0, Hkv - 1, len[0] + T - 1, 0)] = fromf<E>(INFINITY);  // its key, in the last kv head
+    q[(H - 1) * q_sh + 0 * q_st + 2] = fromf<E>(-INFINITY);  // one query element of row 0
+    if (B > 1 && len[1] > 0) k[at(1, 0, 0, 3)] = fromf<E>(NAN);  // a prefix key of row 1: its whole kv group
   }
   const int W = (T + 31) / 32;
   std::vector<int32_t> mask(B * T * W, 0);
@@ -94,20 +102,22 @@ void run_case(int B, int H, int Hkv, int T, int Dh, int Lmax, std::vector<int64_
   const int64_t items = (int64_t)B * Hkv * lantern::cpu::attn_blocks_per_head(cp);
   for (int64_t it = 0; it < items; ++it) lantern::cpu::attend_item(cp, it, ws);
   const float tol = sizeof(E) == 2 ? (dt<E>() == DType::kBFloat16 ? 1.6e-2f : 2e-3f) : 2e-5f;
-  double maxerr = 0; int bad = 0;
+  double maxerr = 0; int bad = 0, nan_out = 0;
   for (int b = 0; b < B; ++b) {
     const bool invalid = len[b] < 0 || len[b] + T > Lmax;
     for (int64_t i = 0; i < (int64_t)H * T * Dh; ++i) {
       const float g = tof<E>(o_gpu[b * H * T * Dh + i]), c = tof<E>(o_cpu[b * H * T * Dh + i]);
       if (invalid) { if (!std::isnan(g)) ++bad; continue; }
+      if (std::isnan(g) || std::isnan(c)) { bad += std::isnan(g) != std::isnan(c); nan_out += std::isnan(g); continue; }
       const double e = std::fabs(g - c) / (1.0 + std::fabs(c));
       if (!(e <= tol)) ++bad;
       if (e > maxerr) maxerr = e;
     }
   }
-  std::printf("%-6s Dp=%3d B=%d H=%d Hkv=%d T=%2d Dh=%3d Lmax=%4d vec=%d  max rel err %.2e  bad %d\n",
+  if (corrupt && (nan_out == 0 || nan_out == B * H * T * Dh)) ++bad;  // some rows poisoned, not all
+  std::printf("%-6s Dp=%3d B=%d H=%d Hkv=%d T=%2d Dh=%3d Lmax=%4d vec=%d  max rel err %.2e  NaN out %d  bad %d\n",
               dt<E>() == DType::kFloat32 ? "f32" : dt<E>() == DType::kFloat64 ? "f64" : dt<E>() == DType::kFloat16 ? "f16" : "bf16",
-              Dp, B, H, Hkv, T, Dh, Lmax, (int)p.vec_loads, maxerr, bad);
+              Dp, B, H, Hkv, T, Dh, Lmax, (int)p.vec_loads, maxerr, nan_out, bad);
   if (bad) ++failures;
 }
 
@@ -122,6 +132,9 @@ int main() {
   run_case<float, 256>(1, 2, 1, 6, 256, 80, {40}, 0, 0, 8);             // Dp 256, N = 32
   run_case<float, 64>(3, 2, 1, 4, 64, 20, {17, -1, 16}, 0, 0, 9);       // invalid rows -> NaN, valid row beside
   run_case<__half, 64>(1, 20, 20, 59, 64, 700, {576}, 0, 0, 10);        // LlamaGen-XL shape
+  run_case<float, 64>(2, 4, 2, 9, 64, 300, {200, 3}, 0, 0, 11, true);   // non-finite q / K / V: NaN rows agree
+  run_case<__nv_bfloat16, 32>(2, 2, 2, 40, 20, 120, {5, 80}, 3, 1, 12, true);  // scalar loads, 2 tree tiles
+  run_case<double, 64>(2, 2, 1, 5, 64, 90, {70, 64}, 0, 0, 13, true);   // vec loads of float64
   if (failures) std::printf("tree_attention_cuda_emulated: %d case(s) FAILED\n", failures);
   else std::printf("tree_attention_cuda_emulated: OK\n");
   return failures != 0;

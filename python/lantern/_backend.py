@@ -248,6 +248,7 @@ def _triton_interpret() -> bool:
 
 
 _loaded = False
+_load_lock = threading.Lock()
 
 
 def _load_backends() -> None:
@@ -261,11 +262,14 @@ def _load_backends() -> None:
     if torch.compiler.is_compiling():
         raise RuntimeError("lantern's fused backends load on first use in eager mode: call lantern.enable_fused() "
                            "(or run any lantern.ops op) before torch.compile traces")
-    from .ops import fused_cpu, fused_triton
+    with _load_lock:  # threads that enable a backend at once load the tables once, and see them whole
+        if _loaded:
+            return
+        from .ops import fused_cpu, fused_triton
 
-    _AVAILABILITY.update(cpu=fused_cpu.cpu_unavailable, cuda=fused_cpu.cuda_unavailable,
-                         triton=fused_triton.triton_unavailable)
-    _REGISTRY["cpu"].update(fused_cpu.implementations("CPU"))
-    _REGISTRY["cuda"].update(fused_cpu.implementations("CUDA"))
-    _REGISTRY["triton"].update(fused_triton.implementations())
-    _loaded = True
+        _AVAILABILITY.update(cpu=fused_cpu.cpu_unavailable, cuda=fused_cpu.cuda_unavailable,
+                             triton=fused_triton.triton_unavailable)
+        _REGISTRY["cpu"].update(fused_cpu.implementations("CPU"))
+        _REGISTRY["cuda"].update(fused_cpu.implementations("CUDA"))
+        _REGISTRY["triton"].update(fused_triton.implementations())
+        _loaded = True

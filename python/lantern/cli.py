@@ -46,6 +46,12 @@ def _neighbours(args: argparse.Namespace) -> int:
 
     from .neighbours import cache_dir, neighbour_table
 
+    if args.out:  # before the codebook is loaded and the table built
+        from .outputs import check_output_path
+
+        check_output_path(args.out, "--out", [".safetensors"], "a safetensors file")
+    if args.K < 1:
+        raise SystemExit(f"--K must be >= 1, got {args.K}")
     if args.vq == "tiny":
         from .pretrained import load_tiny
 
@@ -81,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     nb.add_argument("--K", type=int, default=1000, help="neighbours per code")
     nb.add_argument("--raw", action="store_true", help="raw codebook rows instead of L2-normalised (LlamaGen's lookup)")
     nb.add_argument("--rebuild", action="store_true", help="ignore the disk cache")
-    nb.add_argument("--out", metavar="PATH", help="also write the table as safetensors here")
+    nb.add_argument("--out", metavar="PATH", help="also write the table as safetensors here (a .safetensors path "
+                                                  "in an existing folder; checked before anything is loaded)")
     nb.set_defaults(func=_neighbours)
     demo = sub.add_parser("demo", help="verify synthetic draft trees at several delta / lambda settings and "
                                        "print acceptance statistics (tau, acceptance rate)")

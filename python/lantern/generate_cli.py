@@ -49,16 +49,21 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     samp.add_argument("--top-k", type=int, help="keep the top-k logits (0 = off; default: the model's, 2000 official)")
     samp.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (1 = off)")
     run = p.add_argument_group("run")
-    run.add_argument("--method", default="ar", choices=["ar", "spec", "lantern"],
-                     help="ar: one target forward per token; spec: exact speculative decoding; lantern: "
-                          "relaxed acceptance over latent neighbours (faster, bounded TV)")
+    run.add_argument("--method", default="ar", choices=["ar", "spec", "lantern", "cspd"],
+                     help="ar: one target forward per token (MAR: its own loop); spec: exact speculative decoding; "
+                          "lantern: relaxed acceptance over latent neighbours (faster, bounded TV); cspd: continuous "
+                          "speculative decoding (MAR models)")
     spec = p.add_argument_group("speculative decoding (--method spec | lantern)")
     spec.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
                       help="draft tree: auto (each step, the tree or plain AR step that the device's measured "
                            "costs and the run's acceptance predict fastest), chain, fixed static shape (sampled "
                            "drafts), EAGLE-2 dynamic")
     spec.add_argument("--draft", choices=["deterministic", "sampled"],
-                      help="draft kind (default: sampled for static, deterministic otherwise)")
+                      help="draft kind: sampled (drawn from the drafter's distribution, kept with probability "
+                           "min(1, p/q): accepts far more on image tokens) or deterministic (the drafter's top "
+                           "tokens). Default: sampled for chains and static trees, deterministic for EAGLE-2 "
+                           "dynamic trees; with --tree auto, sampled leaves out the dynamic trees and "
+                           "deterministic the static ones")
     spec.add_argument("--depth", type=int, default=5, help="draft levels (chain length / EAGLE-2 expansions; "
                       "auto: the deepest candidate)")
     spec.add_argument("--nodes", type=int, default=58, help="EAGLE-2: drafted nodes kept per step (>= 1; for no "
@@ -69,7 +74,11 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     spec.add_argument("--budget", default="candidate", choices=["candidate", "node"],
                       help="delta per candidate (upstream) or per tree node (TV <= delta guaranteed)")
     spec.add_argument("--no-ar-baseline", action="store_true",
-                      help="skip the AR run that measures speedup_vs_ar in the same process")
+                      help="skip the AR run (cspd: the target-only MAR run) that measures speedup_vs_ar in the "
+                           "same process")
+    from .generate_mar_cli import add_cspd_options
+
+    add_cspd_options(p)
     run.add_argument("--batch", type=int, metavar="N", help="generate N images at a time (default: all at once); "
                      "batch i samples with seed + i, and the AR baseline uses the same batches")
     run.add_argument("--fused", metavar="BACKEND", help="enable fused ops: auto | cpu | cuda | triton")
@@ -77,6 +86,9 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                      help="target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), "
                           "node counts padded to a few buckets; the one-off compile time is reported")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                     help="the GPT's compute dtype. auto: bfloat16 on a GPU, and on a CPU with native bf16 dot "
+                          "products (AVX512-BF16 / AMX), else float32")
     run.add_argument("--out", default="samples.png", metavar="PATH", help="image grid to write (.png, .jpg, ...; "
                      "its folder must exist)")
     run.add_argument("--json", metavar="PATH", help="also write the run's figures as JSON (.json; a figure that is "
@@ -91,6 +103,9 @@ MODEL_OPTIONS = {
     "mar": ("mar-checkpoint",), "mar_name": ("mar-checkpoint",), "vae": ("mar-checkpoint",),
     "vae_name": ("mar-checkpoint",), "num_sampling_steps": ("mar-checkpoint",),
     "num_iter": ("tiny-mar", "mar-checkpoint"), "cfg_schedule": ("tiny-mar", "mar-checkpoint"),
+    **{name: ("tiny-mar", "mar-checkpoint") for name in ("gamma", "rule", "bandwidth", "sigma_ratio", "prefill",
+                                                         "max_tries")},
+    "mar_drafter": ("mar-checkpoint",), "mar_drafter_name": ("mar-checkpoint",),
 }
 MODEL_DEFAULTS = {"gpt_name": "GPT-XL", "image_size": 256, "mar_name": "MAR-B", "vae_name": "KL-16"}
 
@@ -141,17 +156,22 @@ def _load(args):
     if args.model == "tiny":
         from .pretrained import load_tiny
 
-        tiny = load_tiny(args.device)
+        tiny = load_tiny(args.device, dtype=_dtype(args))
         return tiny.gpt, tiny.vq, tiny.meta
     if not args.gpt or not args.vq:
         raise SystemExit("--model checkpoint needs --gpt PATH and --vq PATH")
     from .models import load_gpt, load_vq
 
     block = (args.image_size // 16) ** 2
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    gpt = load_gpt(args.gpt, args.gpt_name, block_size=block, device=args.device, dtype=dtype).eval()
+    gpt = load_gpt(args.gpt, args.gpt_name, block_size=block, device=args.device, dtype=_dtype(args)).eval()
     vq = load_vq(args.vq, "VQ-16", decoder_only=True, device=args.device).eval()
     return gpt, vq, {"sampling": {"cfg_scale": 4.0, "top_k": 2000}}
+
+
+def _dtype(args) -> torch.dtype:
+    from .models import decode_dtype
+
+    return decode_dtype(args.device) if args.dtype == "auto" else getattr(torch, args.dtype)
 
 
 def _drafter_and_table(args, gpt, vq):
@@ -179,6 +199,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from .outputs import write_json
 
     check_options(args)
+    if args.method == "cspd" and args.model not in ("tiny-mar", "mar-checkpoint"):
+        raise SystemExit("--method cspd (continuous speculative decoding) is for MAR models: --model tiny-mar or "
+                         "mar-checkpoint")
     if args.model in ("tiny-mar", "mar-checkpoint"):
         from .generate_mar_cli import run_generate_mar
 
@@ -195,7 +218,8 @@ def run_generate(args: argparse.Namespace) -> int:
     batch = _batch_size(args.batch, len(labels))
     L = gpt.config.block_size
     sampling = dict(cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p, seed=args.seed)
-    figures = dict(method=args.method, images=len(labels), batch=batch, tokens_per_image=L, **sampling, out=args.out)
+    figures = dict(method=args.method, images=len(labels), batch=batch, tokens_per_image=L, **sampling, out=args.out,
+                   dtype=str(gpt.tok_embeddings.weight.dtype).replace("torch.", ""))
     chunks = list(labels.split(batch))
     seeds = [args.seed + i for i in range(len(chunks))]
     options = {}
@@ -326,7 +350,8 @@ def _spec_figures(all_stats) -> dict:
 
 def _print_figures(f: dict, args) -> None:
     print(f"{f['images']} images x {f['tokens_per_image']} tokens in {f['wall_s']:.2f}s: "
-          f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device})")
+          f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device}, {f['dtype']}, "
+          f"{torch.get_num_threads()} threads)")
     if "compile_s" in f:
         print(f"compiled: {f['compiled_graphs']} graphs, {f['compile_s']:.2f}s of first calls (compile included) "
               f"in the wall time above")

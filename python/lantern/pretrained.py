@@ -26,17 +26,20 @@ def tiny_meta(directory: Path = TINY_DIR) -> dict:
 
 
 def load_tiny(device: str = "cpu", dtype: Optional[torch.dtype] = None, directory: Path = TINY_DIR) -> TinyModels:
-    from .models import load_gpt, load_vq
+    """The tiny GPT (its weights are stored in bfloat16) in ``dtype``, default ``models.decode_dtype(device)``,
+    and its VQ (float32)."""
+    from .models import decode_dtype, load_gpt, load_vq
 
     meta = tiny_meta(directory)
     gpt = load_gpt(str(directory / "gpt.safetensors"), meta.get("gpt_name", "GPT-tiny"), device=device,
-                   dtype=dtype or torch.float32).eval()
+                   dtype=dtype or decode_dtype(device)).eval()
     vq = load_vq(str(directory / "vq.safetensors"), meta.get("vq_name", "VQ-tiny"), device=device).eval()
     return TinyModels(gpt, vq, meta)
 
 
 def load_tiny_drafter(gpt, directory: Path = TINY_DIR):
-    """The shipped EAGLE drafter of the tiny model (trained by python -m lantern.train_drafter)."""
+    """The shipped EAGLE drafter of the tiny model (trained by python -m lantern.train_drafter), on the
+    target's device and in its dtype."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -49,4 +52,5 @@ def load_tiny_drafter(gpt, directory: Path = TINY_DIR):
         n_layer = int((f.metadata() or {}).get("n_layer", 1))
     drafter = EagleDrafter(gpt.config, n_layer=n_layer)
     drafter.load_state_dict(load_file(str(path)), strict=True)
-    return drafter.to(gpt.tok_embeddings.weight.device).bind(gpt).eval()
+    weight = gpt.tok_embeddings.weight
+    return drafter.to(device=weight.device, dtype=weight.dtype).bind(gpt).eval()

@@ -127,8 +127,9 @@ def test_ar_reads_once_and_checks_the_logits(models):
                 reads[length] = counter.reads
         finally:
             LOOPS.discard("generate_ar")
-        # the prefill's and the first token's scans and the final check: as many for 16 tokens as for 4
-        assert reads[16] == reads[4] <= 12, reads
+        # the prefill's and the first token's scans (settings, logits, the processed logits' finiteness and
+        # masked rows) and the final check: as many for 16 tokens as for 4
+        assert reads[16] == reads[4] <= 16, reads
         broken = copy.deepcopy(target)
         forward, calls = broken.forward, {"n": 0}
 

@@ -10,16 +10,8 @@ import torch
 import lantern
 from lantern.decoding import mar as mar_loop
 from lantern.decoding import sample_mar
-from mar_testing import small_mar
+from mar_testing import recording_head_inputs, small_mar
 from stats import philox_ref
-
-
-def scalar_gaussian(seed, purpose, image, position, step, channel):
-    """One standard normal from the stream, written out: two uniforms (half 0 and 1 in bit 23 of c0)."""
-    c0 = (purpose << 24) | channel
-    u0 = float(philox_ref.uniform(seed, c0, image, position, step))
-    u1 = float(philox_ref.uniform(seed, c0 | (1 << 23), image, position, step))
-    return math.sqrt(-2.0 * math.log(1.0 - u0)) * math.cos(2.0 * math.pi * u1)
 
 
 CASES = [(0, mar_loop.PURPOSE_X_T, 0, 0, 0), (7, mar_loop.PURPOSE_EPS, 12, 63, 49),
@@ -29,7 +21,7 @@ CASES = [(0, mar_loop.PURPOSE_X_T, 0, 0, 0), (7, mar_loop.PURPOSE_EPS, 12, 63, 4
 @pytest.mark.parametrize("seed,purpose,image,position,step", CASES)
 def test_noise_known_answers(seed, purpose, image, position, step):
     got = mar_loop.gaussian(seed, purpose, torch.tensor([image]), torch.tensor([position]), step, 16)[0]
-    expected = torch.tensor([scalar_gaussian(seed, purpose, image, position, step, c) for c in range(16)])
+    expected = torch.tensor([philox_ref.gaussian(seed, purpose, image, position, step, c) for c in range(16)])
     torch.testing.assert_close(got.double(), expected.double(), rtol=1e-5, atol=1e-5)
 
 
@@ -109,40 +101,21 @@ def test_same_image_at_any_batch_size_and_order(model):
     assert (unkeyed - full[parts[0]]).abs().max() > 0.1
 
 
-def _record_head_inputs(model, store):
-    """Wrap the model's head so every run records, per row, x_T and the step noise it was given."""
-    original = model.diffloss.sample
-
-    def sample(z, x_T, noise, **kw):
-        T = model.diffloss.gen_diffusion.num_timesteps
-        store.append((x_T.clone(), torch.stack([noise(t) for t in range(1, T)])))
-        return original(z, x_T, noise, **kw)
-
-    model.diffloss.sample = sample
-    return original
-
-
 def test_drafter_and_target_see_the_same_noise(model):
     drafter = small_mar(9, num_sampling_steps="5", encoder_embed_dim=8, decoder_embed_dim=12, diffloss_w=16)
     labels = torch.tensor([1, 2])
     records = {}
     for name, m in (("target", model), ("drafter", drafter)):
         records[name] = []
-        original = _record_head_inputs(m, records[name])
-        try:
+        with recording_head_inputs(m, records[name]):
             out = sample_mar(m, labels, num_iter=4, cfg=1.0, seed=21)
-        finally:
-            m.diffloss.sample = original
         assert not torch.equal(out.tokens, torch.zeros_like(out.tokens))
     assert len(records["target"]) == len(records["drafter"]) == 4
     for (xt_a, eps_a), (xt_b, eps_b) in zip(records["target"], records["drafter"]):
         assert torch.equal(xt_a, xt_b) and torch.equal(eps_a, eps_b)
     other = []
-    original = _record_head_inputs(drafter, other)
-    try:
+    with recording_head_inputs(drafter, other):
         sample_mar(drafter, labels, num_iter=4, seed=22)
-    finally:
-        drafter.diffloss.sample = original
     assert not torch.equal(other[0][0], records["target"][0][0])  # negative control: another seed
 
 
@@ -177,7 +150,7 @@ def test_lantern_generate_dispatches_on_family(model):
     tokens, stats = lantern.generate(model, labels, cfg_scale=2.0, seed=4, num_iter=3)
     torch.testing.assert_close(tokens, sample_mar(model, labels, cfg=2.0, seed=4, num_iter=3).tokens, atol=0, rtol=0)
     assert stats.steps == 3
-    with pytest.raises(NotImplementedError, match="continuous speculative decoding"):
+    with pytest.raises(ValueError, match="method='cspd'"):
         lantern.generate(model, labels, drafter=model)
 
 

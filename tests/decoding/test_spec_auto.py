@@ -99,6 +99,25 @@ def test_ar_steps_run_no_drafter(target):
     assert drafter.calls == 0 and stats.draft_forwards == 0
 
 
+
+def test_auto_whose_first_plan_is_ar_is_the_ar_loop(target):
+    """When AR wins the first step the run is generate_ar's loop (AR would win every step): the sampled
+    tokens are AR's with the same seed, top-k and guidance interval, the drafter is never reset, and the
+    printout's planner record says so. With drafts that pay, the speculative loop runs instead."""
+    labels = torch.tensor([2, 4, 8])
+    settings = dict(cfg_scale=3.0, temperature=1.0, top_k=50, cfg_interval=6, seed=11)
+    drafter = Counting(drafter_named(target, "eagle"))
+    resets = []
+    drafter.reset = lambda *args: resets.append(args) or drafter.drafter.reset(*args)
+    got, stats = generate_spec(target, drafter, labels, config=SpecConfig(method="spec", cost_model=NO_DRAFTS),
+                               **settings)
+    assert torch.equal(got, generate_ar(target, labels, **settings))
+    assert resets == [] and stats.planner["all_ar"] and stats.planner["plans"]["ar"]["steps"] == stats.steps
+    assert stats.target_forwards == target.config.block_size and stats.tau == 1.0
+    _, paying = generate_spec(target, drafter, labels, config=SpecConfig(method="spec", cost_model=SWITCHING),
+                              **settings)
+    assert resets and "all_ar" not in paying.planner and set(paying.plan_counts) != {"ar"}
+
 SCRIPT = [AR_PLAN, AR_PLAN, Plan("chain3", "chain", depth=3), AR_PLAN, AR_PLAN, AR_PLAN,
           Plan("tree8", "dynamic", depth=4, n_nodes=8, top_per_node=3), Plan("chain1", "chain", depth=1), AR_PLAN,
           Plan("static", "static", depth=2, static_widths=(2, 1))]

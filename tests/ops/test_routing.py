@@ -11,8 +11,8 @@ from lantern.ops.reference.latent_neighbours import latent_neighbours as referen
 from lantern.ops.reference.tree_attention import tree_attention as reference_attention
 from op_cases import random_codebook
 
-OPS = ("verify", "latent_neighbours", "tree_attention", "compact_kv", "philox_uniform")
-TRITON_OPS = ("verify", "latent_neighbours", "tree_attention", "compact_kv")
+OPS = ("verify", "latent_neighbours", "tree_attention", "compact_kv", "philox_uniform", "continuous_verify")
+TRITON_OPS = ("verify", "latent_neighbours", "tree_attention", "compact_kv", "continuous_verify")
 
 
 def implementation(backend: str, op: str):

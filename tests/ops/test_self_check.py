@@ -18,6 +18,8 @@ from lantern.ops import checks
 from lantern.ops import self_check
 from lantern.ops.reference.latent_neighbours import latent_neighbours as reference_neighbours
 from lantern.ops.reference.process_logits import guide
+from lantern.ops.reference.continuous_verify import FAULTS as CONTINUOUS_FAULTS
+from lantern.ops.reference.continuous_verify import continuous_verify as reference_continuous_verify
 from lantern.ops.reference.verify import FAULTS
 from lantern.ops.reference.verify import verify as reference_verify
 
@@ -140,6 +142,10 @@ FAULTY = {
     "tree_attention": [lambda *a: fused_cpu.tree_attention(*a).index_add(2, torch.tensor([4]), torch.full((2, 4, 1, 16), 1e-3))],
     "compact_kv": [lambda cache, cl, pn, nk: fused_cpu.compact_kv(cache, cl, pn, nk - torch.tensor([0, 1])) + torch.tensor([0, 1])],
     "philox_uniform": [lambda *a: torch.nextafter(fused_cpu.philox_uniform(*a), torch.tensor(2.0))],
+    "continuous_verify": [functools.partial(reference_continuous_verify, faults=(f,)) for f in CONTINUOUS_FAULTS]
+    + [lambda *a, **k: fused_cpu.continuous_verify(*a, **{**k, "offset": k["offset"] + 1}),  # off-by-one try key
+       lambda *a, **k: fused_cpu.continuous_verify(*a, **k)._replace(  # 1e-4 on one token
+           tokens=fused_cpu.continuous_verify(*a, **k).tokens.index_add(1, torch.tensor([2]), torch.full((3, 1, 3), 1e-4)))],
 }
 
 
@@ -294,7 +300,7 @@ def test_the_reference_and_the_cpu_kernels_pass(op_name):
         assert self_check.check("cpu", op_name, CPU) is None
 
 
-@pytest.mark.parametrize("op_name", ["verify", "latent_neighbours", "tree_attention", "compact_kv"])
+@pytest.mark.parametrize("op_name", ["verify", "latent_neighbours", "tree_attention", "compact_kv", "continuous_verify"])
 def test_the_triton_kernels_pass(op_name):
     """Under the interpreter without a GPU (about 0.2 to 1.2 s per op on 2 cores), on CUDA with one."""
     if _backend._why_unavailable("triton") is not None or op_name not in _backend._REGISTRY["triton"]:
@@ -328,6 +334,28 @@ def test_the_cases_are_valid_public_inputs():
     checks.check_compact_kv(*self_check.compact_case(CPU))
     for args in self_check.philox_cases(CPU):
         checks.check_philox(*args)
+    for kwargs, _ in self_check.continuous_cases(CPU):
+        checks.check_continuous_verify(*(kwargs[n] for n in ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q", "logsig_p",
+                                                             "logsig_q", "rule")),
+                                       kwargs.get("bandwidth", 1.0), kwargs.get("sigma_ratio", "paper"),
+                                       kwargs.get("max_tries", 1000), kwargs["seed"], kwargs["offset"], kwargs["rows"],
+                                       kwargs["positions"])
+
+
+def test_continuous_cases_cover_every_branch_and_rounding_cannot_flip_them():
+    """Across the cases drafts are accepted and rejected, proposals kept at try 1 and later, and the cap hit;
+    the reference's decisions do not move when it computes in float64."""
+    seen = set()
+    for kwargs, label in self_check.continuous_cases(CPU):
+        want = reference_continuous_verify(**kwargs)
+        wide = {n: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for n, v in kwargs.items()}
+        got = reference_continuous_verify(**wide)
+        assert torch.equal(got.accepted, want.accepted) and torch.equal(got.tries, want.tries), label
+        cap = kwargs.get("max_tries", 1000)
+        seen |= {"accepted" * bool(want.accepted.any()), "rejected" * bool((~want.accepted).any()),
+                 "first try" * bool((want.tries == 1).any()), "later try" * bool(((want.tries > 1) & (want.tries <= cap)).any()),
+                 "capped" * bool((want.tries > cap).any())}
+    assert {"accepted", "rejected", "first try", "later try", "capped"} <= seen
 
 
 def test_verify_cases_cover_the_walk_and_rounding_cannot_flip_them():

@@ -3,6 +3,8 @@ Triton's ``uint_to_uniform_float``: the test-side definition of SPEC §5, used t
 ``lantern.ops.philox_uniform`` and to predict verify's uniforms in pinned cases."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 _M32 = 0xFFFFFFFF
@@ -39,6 +41,15 @@ def uniform(seed: int, c0: int, c1: int, c2: int, c3: int) -> np.float32:
 def exponential(u: np.float32) -> np.float32:
     """E = -log1p(-u) computed in float32."""
     return np.float32(-np.log1p(-np.float32(u), dtype=np.float32))
+
+
+def gaussian(seed: int, purpose: int, image: int, position: int, step: int, channel: int) -> float:
+    """One standard normal of the MAR / CSpD noise stream, written out (docs/mar.md): two uniforms (half 0
+    and 1 in bit 23 of c0 = purpose << 24 | channel), Box-Muller in float64."""
+    c0 = (purpose << 24) | channel
+    u0 = float(uniform(seed, c0, image, position, step))
+    u1 = float(uniform(seed, c0 | (1 << 23), image, position, step))
+    return math.sqrt(-2.0 * math.log(1.0 - u0)) * math.cos(2.0 * math.pi * u1)
 
 
 def accept_uniform(seed: int, node: int, row: int, offset: int) -> np.float32:

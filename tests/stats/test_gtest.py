@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from .gtest import NOMINAL_ALPHA, chi2_isf, chi2_sf, conditional_g_test, g_test
+from .gtest import NOMINAL_ALPHA, chi2_isf, chi2_sf, conditional_g_test, g_test, homogeneity_g_test
 
 
 @pytest.mark.parametrize("x, df, sf", [
@@ -67,3 +67,26 @@ def test_conditional_groups_add_statistics_and_df():
     single_b = g_test(b, probs_b)
     assert joint.df == 1 + 2
     assert joint.statistic == pytest.approx(single_b.statistic, rel=1e-12)  # group a fits exactly: G = 0
+
+
+def test_homogeneity_calibration_on_simulated_pairs():
+    """Two multinomial samples of one law (sizes 20000 and 30000, 40 cells, some rare), two groups: at
+    alpha = 0.05 the rejection count over 1000 simulated pairs is Binomial(1000, 0.05) for a calibrated test;
+    outside [18, 90] has probability <= 1e-7, as above (a wrong df or pooling fails it)."""
+    rng = np.random.default_rng(11)
+    probs = np.concatenate([rng.dirichlet(np.ones(30)) * 0.995, np.full(10, 0.0005)])
+    rejected = sum(not homogeneity_g_test([(rng.multinomial(20_000, probs), rng.multinomial(30_000, probs)),
+                                           (rng.multinomial(20_000, probs), rng.multinomial(30_000, probs))],
+                                          alpha=0.05).passed for _ in range(1000))
+    assert 18 <= rejected <= 90, rejected
+
+
+def test_homogeneity_rejects_a_two_percent_shift():
+    """Power (negative control for the calibration test): 2 % of the mass moved between two of 20 cells in
+    one sample is rejected at the 1e-6 level with 20000 + 20000 draws."""
+    rng = np.random.default_rng(3)
+    probs = np.full(20, 0.05)
+    shifted = probs.copy()
+    shifted[0] += 0.02
+    shifted[1] -= 0.02
+    assert not homogeneity_g_test([(rng.multinomial(20_000, probs), rng.multinomial(20_000, shifted))]).passed

@@ -1,20 +1,23 @@
-"""Decoding loops: autoregressive sampling (``ar``), speculative / LANTERN decoding (``spec``) and MAR's
-masked loop with a diffusion head (``mar``)."""
+"""Decoding loops: autoregressive sampling (``ar``), speculative / LANTERN decoding (``spec``), MAR's
+masked loop with a diffusion head (``mar``) and continuous speculative decoding for MAR (``cspd``)."""
 from .ar import generate_ar, sample_next
 from .costs import CostModel
+from .cspd import CSpDConfig, CSpDSample, CSpDStats, generate_cspd
 from .mar import MARSample, MARStats, generate_mar, sample_mar
 from .planner import Plan, Planner, candidate_plans
 from .spec import SpecConfig, SpecStats, generate_spec, resolve_cost_model
 
 __all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfig", "SpecStats", "CostModel", "Plan",
-           "Planner", "candidate_plans", "resolve_cost_model", "sample_mar", "generate_mar", "MARSample", "MARStats"]
+           "Planner", "candidate_plans", "resolve_cost_model", "sample_mar", "generate_mar", "MARSample", "MARStats",
+           "generate_cspd", "CSpDConfig", "CSpDStats", "CSpDSample"]
 
 
 def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbours=None, tree: str = "auto",
              k: int = 1000, delta: float = 0.1, lam=None, budget: str = "candidate", cfg_scale=1.0,
              temperature=1.0, top_k=0, top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None,
              emb_masks=None, compile=False, **tree_options):
-    """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed).
+    """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed) for GPT models;
+    "cspd" (continuous speculative decoding) for MAR models.
     Returns (tokens [B, L], SpecStats or None for AR); L = ``length`` (default: the whole image).
     tree: "auto" (the planner picks each step's tree, or a plain AR step, from the device's measured costs
     and the run's acceptance), "chain", "static" or "dynamic".
@@ -25,14 +28,21 @@ def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbou
     options. The one-off compile time is in the stats (``compile_s``; AR: pass ``stats={}`` to
     ``generate_ar``).
     A MAR model (``model.family == "mar"``) samples with ``sample_mar``: -> (tokens [B, L, C], MARStats);
-    its options (num_iter, cfg_schedule, image_ids, ...) are passed as keywords."""
+    its options (num_iter, cfg_schedule, image_ids, ...) are passed as keywords. With method="cspd" and a MAR
+    drafter it samples with ``generate_cspd``: -> (tokens [B, L, C], CSpDStats); keywords gamma, rule,
+    bandwidth, sigma_ratio, prefill, max_tries, last_step_noise (``CSpDConfig``) and num_iter, cfg_schedule,
+    image_ids, on_step."""
     if getattr(model, "family", None) == "mar":
         if emb_masks is not None:
             raise ValueError("emb_masks (caption padding) is for t2i GPT models, not MAR")
         if compile:
             raise ValueError("compile is for GPT models (AR and speculative decoding), not MAR")
+        if method == "cspd":
+            return _generate_cspd(model, drafter, cond_idx, cfg_scale, temperature, seed, tree_options)
         return generate_mar(model, cond_idx, drafter=drafter, cfg_scale=cfg_scale, temperature=temperature,
                             seed=seed, **tree_options)
+    if method == "cspd":
+        raise ValueError("method='cspd' (continuous speculative decoding) is for MAR models")
     if method == "ar":
         return generate_ar(model, cond_idx, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                            top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length,
@@ -44,3 +54,14 @@ def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbou
     return generate_spec(model, drafter, cond_idx, neighbours, config=config, cfg_scale=cfg_scale,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, length=length,
                          cfg_interval=cfg_interval, emb_masks=emb_masks)
+
+
+def _generate_cspd(model, drafter, labels, cfg_scale, temperature, seed, options: dict):
+    if drafter is None or getattr(drafter, "family", None) != "mar":
+        raise ValueError("method='cspd' needs a MAR drafter (e.g. lantern.tiny_mar.load_tiny_mar().drafter)")
+    fields = set(CSpDConfig.__dataclass_fields__)
+    config = CSpDConfig(**{k: v for k, v in options.items() if k in fields})
+    rest = {k: v for k, v in options.items() if k not in fields}
+    out = generate_cspd(model, drafter, labels, config=config, cfg=cfg_scale, temperature=temperature, seed=seed,
+                        **rest)
+    return out.tokens, out.stats

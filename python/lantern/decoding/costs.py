@@ -19,18 +19,21 @@ import platform
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-FORMAT = 1
+FORMAT = 2
 MAX_AGE_DAYS = 30
 
 
 class CostModel:
-    """points[plan name] = {rows: seconds per step}."""
+    """points[plan name] = {rows: seconds per step}; acceptance[family] = the chain-equivalent acceptance per
+    draft level that the calibration's steps measured on these models ("sampled" / "top" drafts; the
+    planner's prior, ``planner.AcceptanceModel``), or empty."""
 
-    def __init__(self, points: Mapping[str, Mapping[int, float]], meta: Optional[dict] = None):
+    def __init__(self, points: Mapping[str, Mapping[int, float]], meta: Optional[dict] = None,
+                 acceptance: Optional[Mapping[str, List[float]]] = None):
         self.points: Dict[str, Dict[int, float]] = {}
         for name, by_rows in points.items():
             if not by_rows:
@@ -43,6 +46,12 @@ class CostModel:
                 clean[int(rows)] = float(seconds)
             self.points[name] = dict(sorted(clean.items()))
         self.meta = dict(meta or {})
+        self.acceptance: Dict[str, List[float]] = {}
+        for family, rates in (acceptance or {}).items():
+            if family not in ("sampled", "top") or not all(0.0 <= float(r) < 1.0 for r in rates):
+                raise ValueError(f"cost model: acceptance must map 'sampled' / 'top' to rates in [0, 1), "
+                                 f"got {family!r}: {rates!r}")
+            self.acceptance[family] = [float(r) for r in rates]
 
     def knows(self, plan_name: str) -> bool:
         return plan_name in self.points
@@ -62,7 +71,7 @@ class CostModel:
         return t1 + max(t1 - t0, 0.0) / (r1 - r0) * (rows - r1)
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "meta": self.meta,
+        return {"format": FORMAT, "meta": self.meta, "acceptance": self.acceptance,
                 "points": {name: {str(r): s for r, s in pts.items()} for name, pts in self.points.items()}}
 
     @classmethod
@@ -70,7 +79,7 @@ class CostModel:
         if not isinstance(data, dict) or not isinstance(data.get("points"), dict):
             raise ValueError("not a lantern cost model (no 'points' table)")
         return cls({name: {int(r): float(s) for r, s in pts.items()} for name, pts in data["points"].items()},
-                   data.get("meta", {}))
+                   data.get("meta", {}), data.get("acceptance") or {})
 
 
 # -- keys -------------------------------------------------------------------------------------------------
@@ -140,21 +149,40 @@ def _write(path: Path, model: CostModel) -> None:
     os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
 
 
-def cached_cost_model(key: dict, measure: Callable[[], Dict[str, Dict[int, float]]], *,
+def cached_cost_model(key: dict, measure: Callable[..., Mapping], *, rows: Optional[Sequence[int]] = None,
                       directory: Optional[Path] = None, max_age_days: float = MAX_AGE_DAYS,
                       remeasure: bool = False) -> CostModel:
-    """The cost model for ``key``: read from the cache when fresh, else ``measure()``d and written back.
-    ``meta['source']`` says which ('cache' or 'measured'), ``meta['calibration_s']`` how long measuring took."""
+    """The cost model for ``key``: read from the cache when fresh, else measured and written back.
+
+    Without ``rows``, ``measure()`` measures everything. With ``rows`` (the row counts a run needs), a fresh
+    cached model that has AR points at all of them is used as it is; otherwise ``measure(missing, known)``
+    measures the missing row counts (``known``: the cached model, or None) and its points are merged into the
+    cached ones (the cached acceptance rates are kept), so a new batch size costs one row count's calibration.
+    ``measure`` returns the points ({plan: {rows: seconds}}), or {"points": ..., "acceptance": ...}.
+    ``meta['source']`` says 'cache', 'measured' or 'extended'; ``meta['calibration_s']`` how long measuring
+    took (this call's measurement, for 'extended')."""
     path = cache_path(key, directory)
     stamp = staleness_stamp()
-    model = None if remeasure else _read(path, key, stamp, max_age_days)
-    if model is not None:
-        model.meta.update(source="cache", path=str(path))
-        return model
+    known = None if remeasure else _read(path, key, stamp, max_age_days)
+    missing = None
+    if rows is not None:
+        have = known.points.get("ar", {}) if known is not None else {}
+        missing = sorted({int(r) for r in rows} - set(have))
+    if known is not None and not missing:
+        known.meta.update(source="cache", path=str(path))
+        return known
     t0 = time.perf_counter()
-    points = measure()
-    meta = {"key": key, "stamp": stamp, "created": time.time(), "calibration_s": time.perf_counter() - t0}
-    model = CostModel(points, meta)
+    measured = measure() if rows is None else measure(missing, known)
+    points, acceptance = (measured["points"], measured.get("acceptance")) if "points" in measured else (measured, None)
+    source = "measured"
+    if known is not None:  # extend the cached model with the new row counts
+        merged = {name: dict(by_rows) for name, by_rows in known.points.items()}
+        for name, by_rows in points.items():
+            merged.setdefault(name, {}).update(by_rows)
+        points, acceptance, source = merged, known.acceptance or acceptance, "extended"
+    created = known.meta["created"] if known is not None else time.time()  # the oldest points' age counts
+    meta = {"key": key, "stamp": stamp, "created": created, "calibration_s": time.perf_counter() - t0}
+    model = CostModel(points, meta, acceptance)
     _write(path, model)
-    model.meta.update(source="measured", path=str(path))
+    model.meta.update(source=source, path=str(path))
     return model

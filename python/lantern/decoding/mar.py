@@ -1,17 +1,10 @@
 """MAR's sampling loop with explicit, counter-based noise.
 
 Every random number comes from the project's Philox stream (SPEC §5, ``lantern.ops.philox_uniform``), keyed
-by what it is for, never by where it sits in a batch (``noise_counters``):
-
-    key = seed (64 bits)
-    c0  = purpose << 24 | box_muller_half << 23 | channel
-    c1  = image id (the image's index in the whole run, not its batch row)
-    c2  = token position (raster index)
-    c3  = respaced diffusion step t (x_T: 0; the order: 0; residual tries: the try number)
-
-A Gaussian is Box-Muller on two uniforms, half 0 and half 1: sqrt(-2 log(1 - u0)) cos(2 pi u1), in float32.
-So the same seed gives the same image at any batch size or composition, and two models sampling the same
-position of the same image (a drafter and a target) see the same x_T and the same eps_t.
+by what it is for, never by where it sits in a batch: (seed; purpose, Box-Muller half, channel; image id;
+token position; diffusion step), the layout of ``lantern.ops.reference.noise``. So the same seed gives the
+same image at any batch size or composition, and two models sampling the same position of the same image (a
+drafter and a target) see the same x_T and the same eps_t.
 
 The loop (``sample_mar``) is the reference's: a random order per image (argsort of one uniform per
 position), consumed from its end; the cosine mask schedule, shared by the batch; every remaining token on the
@@ -28,26 +21,11 @@ from typing import Callable, List, Optional, Sequence, Union
 import torch
 
 from .. import ops
+from ..ops.reference.noise import (MAX_CHANNELS, PURPOSE_ACCEPT, PURPOSE_EPS, PURPOSE_EPS_0,  # noqa: F401
+                                   PURPOSE_ORDER, PURPOSE_RESIDUAL, PURPOSE_X_T, box_muller, noise_counters)
 from .ar import check_class_ids
 
-# purposes (c0's top byte)
-PURPOSE_ORDER = 1  # the order of an image's positions
-PURPOSE_X_T = 2  # the diffusion chain's start
-PURPOSE_EPS = 3  # eps_t of respaced steps t = T-1 .. 1
-PURPOSE_EPS_0 = 4  # eps_0 (only with last_step_noise: CSpD's exact rule)
-PURPOSE_RESIDUAL = 5  # reserved for CSpD's residual sampler: one Gaussian per try, c3 = the try
-_HALF_BIT = 1 << 23
-MAX_CHANNELS = 1 << 23
-
 IntOrTensor = Union[int, torch.Tensor]
-
-
-def noise_counters(purpose: int, half: int, channel: IntOrTensor, image: IntOrTensor, position: IntOrTensor,
-                   step: IntOrTensor):
-    """The Philox counter (c0, c1, c2, c3) of one uniform: see the module docstring. Broadcasting int64
-    tensors (or ints); every field must fit its bits (channel < 2^23, the others < 2^32)."""
-    c0 = (purpose << 24) | (half * _HALF_BIT) | channel
-    return c0, image, position, step
 
 
 def gaussian(seed: int, purpose: int, image: torch.Tensor, position: torch.Tensor, step: IntOrTensor,
@@ -62,8 +40,7 @@ def gaussian(seed: int, purpose: int, image: torch.Tensor, position: torch.Tenso
         step = step.to(device=image.device, dtype=torch.int64)[:, None, None]  # [S, 1, 1]
     u0 = ops.philox_uniform(seed, *noise_counters(purpose, 0, channel, img, pos, step))
     u1 = ops.philox_uniform(seed, *noise_counters(purpose, 1, channel, img, pos, step))
-    u0, u1 = torch.broadcast_tensors(u0, u1)
-    return torch.sqrt(-2.0 * torch.log1p(-u0)) * torch.cos((2.0 * math.pi) * u1)
+    return box_muller(*torch.broadcast_tensors(u0, u1))
 
 
 def step_noise(seed: int, image: torch.Tensor, position: torch.Tensor, num_steps: int, channels: int,
@@ -144,7 +121,7 @@ class MARSample:
     logstd_sum: Optional[torch.Tensor] = None
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -167,6 +144,53 @@ def predict_positions(model, z: torch.Tensor, z_uncond: Optional[torch.Tensor], 
     return (b, p), out
 
 
+def check_sampling(model, labels: Optional[torch.Tensor], batch: Optional[int], num_iter: int, temperature: float,
+                   cfg_schedule: str, image_ids: Optional[torch.Tensor]):
+    """The arguments every MAR loop shares -> (B, image_ids [B] int64 on the model's device)."""
+    device = model.fake_latent.device
+    B = labels.shape[0] if labels is not None else batch
+    if B is None or B < 1:
+        raise ValueError("MAR sampling needs labels [B] or batch >= 1")
+    if labels is not None:
+        check_class_ids("labels", labels, model.config.class_num, "the model's class_num")
+    if num_iter < 1:
+        raise ValueError(f"num_iter must be >= 1, got {num_iter}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    cfg_scale_at(1.0, cfg_schedule, 1, 0)  # validates the schedule name
+    image_ids = torch.arange(B, device=device) if image_ids is None else image_ids.to(device=device, dtype=torch.int64)
+    if image_ids.shape != (B,):
+        raise ValueError(f"image_ids must have shape [{B}], got {list(image_ids.shape)}")
+    if bool((image_ids < 0).any()) or bool((image_ids >= 2**32).any()):
+        raise ValueError("image_ids must be in [0, 2^32)")
+    return B, image_ids
+
+
+def conditions(model, labels: Optional[torch.Tensor], B: int, guided: bool) -> torch.Tensor:
+    """The class embeddings [B, De], followed by B unconditional rows when guided ([2B, De])."""
+    cond = model.class_embedding(labels.to(model.fake_latent.device) if labels is not None else None, batch=B)
+    return torch.cat([cond, model.class_embedding(None, batch=B)]) if guided else cond
+
+
+def forward_guided(model, tokens: torch.Tensor, mask: torch.Tensor, cond: torch.Tensor):
+    """(z [B, L, Dd], z_uncond [B, L, Dd] or None): one transformer forward, on the doubled batch when
+    cond has 2B rows (the unconditional half sees the same tokens and mask)."""
+    B = tokens.shape[0]
+    if cond.shape[0] == 2 * B:
+        z_all = model.forward_z(torch.cat([tokens, tokens]), torch.cat([mask, mask]), cond)
+        return z_all[:B], z_all[B:]
+    return model.forward_z(tokens, mask, cond), None
+
+
+def step_positions(seq_len: int, num_iter: int, step: int, mask: torch.Tensor, orders: torch.Tensor):
+    """MAR step ``step`` from ``mask`` [B, L] (True = unknown): -> (mask_len, the mask after the step,
+    the positions it predicts [B, L]; the last step predicts everything left)."""
+    mask_len = next_mask_len(seq_len, num_iter, step, int(mask[0].sum()))
+    mask_next = mask_by_order(mask_len, orders)
+    to_predict = mask if step >= num_iter - 1 else mask & ~mask_next
+    return mask_len, mask_next, to_predict
+
+
 @torch.no_grad()
 def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg: float = 1.0,
                cfg_schedule: str = "linear", temperature: float = 1.0, seed: int = 0,
@@ -179,29 +203,10 @@ def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg
     batches. cfg != 1 doubles the transformer batch (the unconditional half sees the same tokens) and
     guides eps in each diffusion step; cfg_schedule "linear" | "constant". ``on_step(step, n_tokens)`` after
     each MAR step (progress bars)."""
-    cfg_ = model.config
+    B, image_ids = check_sampling(model, labels, batch, num_iter, temperature, cfg_schedule, image_ids)
     device = model.fake_latent.device
-    B = labels.shape[0] if labels is not None else batch
-    if B is None or B < 1:
-        raise ValueError("sample_mar needs labels [B] or batch >= 1")
-    if labels is not None:
-        check_class_ids("labels", labels, cfg_.class_num, "the model's class_num")
-    if num_iter < 1:
-        raise ValueError(f"num_iter must be >= 1, got {num_iter}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    cfg_scale_at(cfg, cfg_schedule, 1, 0)  # validates the schedule name
-    image_ids = torch.arange(B, device=device) if image_ids is None else image_ids.to(device=device, dtype=torch.int64)
-    if image_ids.shape != (B,):
-        raise ValueError(f"image_ids must have shape [{B}], got {list(image_ids.shape)}")
-    if bool((image_ids < 0).any()) or bool((image_ids >= 2**32).any()):
-        raise ValueError("image_ids must be in [0, 2^32)")
-    L, C = cfg_.seq_len, cfg_.token_embed_dim
-    guided = cfg != 1.0
-    cond = model.class_embedding(labels.to(device) if labels is not None else None, batch=B)  # [B, De]
-    if guided:
-        cond = torch.cat([cond, model.class_embedding(None, batch=B)])
-
+    L, C = model.config.seq_len, model.config.token_embed_dim
+    cond = conditions(model, labels, B, cfg != 1.0)
     tokens = torch.zeros(B, L, C, device=device)
     mask = torch.ones(B, L, dtype=torch.bool, device=device)
     orders = sample_orders(seed, image_ids, L)
@@ -211,17 +216,10 @@ def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg
     t_start = time.perf_counter()
     for step in range(num_iter):
         t0 = time.perf_counter()
-        if guided:
-            z_all = model.forward_z(torch.cat([tokens, tokens]), torch.cat([mask, mask]), cond)
-            z, z_uncond = z_all[:B], z_all[B:]
-        else:
-            z, z_uncond = model.forward_z(tokens, mask, cond), None
-        _sync(device)
+        z, z_uncond = forward_guided(model, tokens, mask, cond)
+        sync_device(device)
         t1 = time.perf_counter()
-        n_masked = int(mask[0].sum())
-        mask_len = next_mask_len(L, num_iter, step, n_masked)
-        mask_next = mask_by_order(mask_len, orders)
-        to_predict = mask if step >= num_iter - 1 else mask & ~mask_next
+        mask_len, mask_next, to_predict = step_positions(L, num_iter, step, mask, orders)
         n_new = int(to_predict[0].sum())
         if n_new > 0:
             scale = cfg_scale_at(cfg, cfg_schedule, L, mask_len)
@@ -234,7 +232,7 @@ def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg
                 keep["std0"][b, p] = out.std0
                 keep["logstd_sum"][b, p] = out.logstd_sum
             stats.head_evaluations += model.diffloss.gen_diffusion.num_timesteps
-        _sync(device)
+        sync_device(device)
         t2 = time.perf_counter()
         mask = mask_next
         stats.steps += 1
@@ -253,7 +251,7 @@ def generate_mar(model, labels: Optional[torch.Tensor], *, drafter=None, cfg_sca
     """``lantern.generate`` for MAR models: -> (tokens [B, L, C], MARStats). options go to ``sample_mar``
     (num_iter, cfg_schedule, image_ids, last_step_noise, on_step)."""
     if drafter is not None:
-        raise NotImplementedError("speculative decoding of MAR models (continuous speculative decoding) is not "
-                                  "implemented yet; call without a drafter")
+        raise ValueError("a drafter is used by continuous speculative decoding: call lantern.generate with "
+                         "method='cspd' (or without a drafter for plain MAR sampling)")
     out = sample_mar(model, labels, cfg=cfg_scale, temperature=temperature, seed=seed, **options)
     return out.tokens, out.stats

@@ -1,12 +1,16 @@
 """The speculation planner of ``tree="auto"``: each verify step it picks the draft tree (or none: a plain AR
 step) that maximises the expected tokens per second of the rows still generating.
 
-- ``Plan``: one candidate (AR, a chain of depth d, an EAGLE-2 dynamic tree of a node budget). The candidate
-  set is small and bucketed (``candidate_plans``).
+- ``Plan``: one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2 dynamic tree of a
+  node budget). The candidate set is small and bucketed (``candidate_plans``).
 - ``AcceptanceModel``: per-plan, per-depth acceptance estimated online from the run's own verify results
-  (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans share what they learn
-  through a chain-equivalent per-depth rate: a tree of effective width e accepts depth d with probability
-  1 - (1 - b_d)^e, b_d the chain's rate, so a chain's data also informs the trees and vice versa.
+  (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans of one
+  draft family share what they learn through a chain-equivalent per-depth rate: a tree of effective width e
+  accepts depth d with probability 1 - (1 - b_d)^e, b_d the chain's rate, so a chain's data also informs the
+  trees and vice versa. The two families, sampled drafts (chains and static trees: a draft x drawn from the
+  drafter's q is kept with probability min(1, p(x)/q(x)), so a level accepts with probability 1 - TV(p, q)) and
+  deterministic drafts (top-1 chains and EAGLE-2 trees: a level accepts with probability p(top draft)), accept
+  at very different rates on a diffuse image-token distribution and are pooled separately.
 - ``Planner``: expected tokens (acceptance model) over predicted seconds (``costs.CostModel``), per plan;
   AR wins ties, so it never picks a plan its own models predict slower than AR.
 
@@ -19,9 +23,14 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
+# static trees of sampled drafts (``trees.static_shape``): 5, 10 and 15 nodes with the root
+STATIC_SHAPES = ((2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1))
+DRAFT_KINDS = (None, "deterministic", "sampled")
+FAMILIES = {True: "sampled", False: "top"}  # Plan.samples -> the name of its draft family
 # EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
 # few drafter forwards (depth) for small trees
 DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
+COST_PRIOR_STEPS = 2.0  # adapt_costs: a plan's own measured steps against this many predicted ones
 AR_EVIDENCE = 0.25  # adapt_costs: probe AR when its recent steps weigh less than this many steps
 WIDTH_EXPONENT = 0.3  # effective width of a tree level: (nodes per level) ** WIDTH_EXPONENT (see module doc)
 
@@ -34,10 +43,16 @@ class Plan:
     n_nodes: int = 0  # dynamic: drafted nodes kept
     top_per_node: int = 0  # dynamic: children per expanded node and beam width
     static_widths: Tuple[int, ...] = ()
+    sampled: bool = False  # chain: drafts drawn from the drafter's distribution (static trees always are)
 
     @property
     def is_ar(self) -> bool:
         return self.kind == "ar"
+
+    @property
+    def samples(self) -> bool:
+        """Whether the drafts are drawn from the drafter's distribution (else its top tokens)."""
+        return self.kind == "static" or (self.kind == "chain" and self.sampled)
 
     def effective_width(self) -> float:
         """How many alternatives a level offers, for the shared acceptance model (a chain: 1)."""
@@ -51,14 +66,30 @@ class Plan:
 AR_PLAN = Plan("ar", "ar")
 
 
-def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS) -> List[Plan]:
-    """AR; chains of depth 1..max_depth; EAGLE-2 trees of the bucketed node budgets (depth <= max_depth)."""
+def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS, draft: Optional[str] = None,
+                    static_shapes: Sequence[Tuple[int, ...]] = STATIC_SHAPES) -> List[Plan]:
+    """AR; chains of depth 1..max_depth; static trees of sampled drafts (``static_shapes`` no deeper than
+    max_depth); EAGLE-2 trees of the bucketed node budgets (depth <= max_depth).
+
+    draft: None (the default) samples the chains' drafts and keeps both tree kinds; "sampled" drops the
+    EAGLE-2 trees (their drafts are each node's top tokens); "deterministic" takes the chains' top-1 drafts
+    and drops the static trees (their drafts are sampled)."""
     if max_depth < 1:
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
-    plans = [AR_PLAN] + [Plan(f"chain{d}", "chain", depth=d) for d in range(1, max_depth + 1)]
-    for n in budgets:
-        depth, top = DYNAMIC_SHAPES.get(n, (max_depth, 10))
-        plans.append(Plan(f"tree{n}", "dynamic", depth=min(depth, max_depth), n_nodes=n, top_per_node=top))
+    if draft not in DRAFT_KINDS:
+        raise ValueError(f"draft must be one of {DRAFT_KINDS}, got {draft!r}")
+    sampled = draft != "deterministic"
+    prefix = "chain" if sampled else "top1chain"
+    plans = [AR_PLAN] + [Plan(f"{prefix}{d}", "chain", depth=d, sampled=sampled) for d in range(1, max_depth + 1)]
+    if draft != "deterministic":
+        for widths in static_shapes:
+            if len(widths) <= max_depth:
+                plans.append(Plan("static" + "-".join(map(str, widths)), "static", depth=len(widths),
+                                  static_widths=tuple(widths)))
+    if draft != "sampled":
+        for n in budgets:
+            depth, top = DYNAMIC_SHAPES.get(n, (max_depth, 10))
+            plans.append(Plan(f"tree{n}", "dynamic", depth=min(depth, max_depth), n_nodes=n, top_per_node=top))
     return plans
 
 
@@ -68,15 +99,21 @@ class AcceptanceModel:
     Per plan p and depth d: trials = rows that could accept depth d and accepted d - 1 (depth d existed in
     the image), hits = those that accepted d. h_p(d) = (hits + w ĥ_p(d)) / (trials + w), ĥ_p(d) the shared
     model's prediction; the shared chain-equivalent rate b_d pools every plan's data the same way against
-    ``prior`` (weight ``prior_weight`` rows)."""
+    the prior (weight ``prior_weight`` rows): ``prior_rates[family][d - 1]`` where given (the chain-equivalent
+    rates the calibration measured on these models, ``measured_rates``; family "sampled" or "top"), else
+    ``prior`` for every level."""
 
     def __init__(self, prior: float = 0.5, prior_weight: float = 8.0, plan_weight: float = 8.0,
-                 memory: float = 0.98):
+                 memory: float = 0.98, prior_rates: Optional[Dict[str, Sequence[float]]] = None):
         if not 0.0 <= prior < 1.0:
             raise ValueError(f"prior must be in [0, 1), got {prior}")
         if not 0.0 < memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {memory}")
+        for family, rates in (prior_rates or {}).items():
+            if family not in FAMILIES.values() or not all(0.0 <= float(r) < 1.0 for r in rates):
+                raise ValueError(f"prior_rates must map 'sampled' / 'top' to rates in [0, 1), got {prior_rates}")
         self.prior, self.prior_weight, self.plan_weight, self.memory = prior, prior_weight, plan_weight, memory
+        self.prior_rates = {k: [float(r) for r in v] for k, v in (prior_rates or {}).items()}
         self.counts: Dict[Plan, List[List[float]]] = {}  # plan -> [hits per depth, trials per depth]
 
     def observe(self, plan: Plan, hits: Sequence[float], trials: Sequence[float]) -> None:
@@ -97,12 +134,17 @@ class AcceptanceModel:
                 hits[d] *= self.memory
                 trials[d] *= self.memory
 
-    def chain_rates(self, max_depth: int) -> List[float]:
-        """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level (one pass over
-        the data; a level no plan reached yet gets every level's pooled rate)."""
-        overall_n, overall = self.prior_weight, self.prior * self.prior_weight
+    def chain_rates(self, max_depth: int, samples: bool = False) -> List[float]:
+        """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level over the plans of
+        one draft family (``samples``: sampled drafts, else top-k drafts; one pass over the data; a level no
+        plan reached yet gets every level's pooled rate)."""
+        measured = self.prior_rates.get(FAMILIES[samples], [])
+        prior = sum(measured) / len(measured) if measured else self.prior
+        overall_n, overall = self.prior_weight, prior * self.prior_weight
         level_n, level = [0.0] * max_depth, [0.0] * max_depth
         for plan, (hits, trials) in self.counts.items():
+            if plan.samples != samples:
+                continue
             inv_e = 1.0 / plan.effective_width()
             for d in range(min(plan.depth, max_depth)):
                 if trials[d] <= 0:
@@ -113,15 +155,17 @@ class AcceptanceModel:
                 level_n[d] += trials[d]
                 level[d] += trials[d] * b
         pooled = overall / overall_n
-        return [(level[d] + self.prior_weight * pooled) / (level_n[d] + self.prior_weight) for d in range(max_depth)]
+        return [(level[d] + self.prior_weight * (measured[d] if d < len(measured) else pooled)) /
+                (level_n[d] + self.prior_weight) for d in range(max_depth)]
 
-    def chain_rate(self, depth: int) -> float:
-        """b_d of level ``depth`` (1-based)."""
-        return self.chain_rates(depth)[depth - 1]
+    def chain_rate(self, depth: int, samples: bool = False) -> float:
+        """b_d of level ``depth`` (1-based) for the draft family ``samples``."""
+        return self.chain_rates(depth, samples)[depth - 1]
 
     def level_rates(self, plan: Plan, chain_rates: Optional[Sequence[float]] = None) -> List[float]:
-        """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1)."""
-        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth)
+        """h_p(d) for d = 1..plan.depth: P(accept depth d | accepted depth d - 1). chain_rates: the plan's
+        family's b_d (computed when None)."""
+        b = chain_rates if chain_rates is not None else self.chain_rates(plan.depth, plan.samples)
         e = plan.effective_width()
         counts = self.counts.get(plan)
         rates = []
@@ -151,6 +195,19 @@ class AcceptanceModel:
                 break
             total += rows_reaching[d] * s
         return total
+
+
+def measured_rates(counts: Dict[Plan, Tuple[Sequence[float], Sequence[float]]], max_depth: int
+                   ) -> Dict[str, List[float]]:
+    """The chain-equivalent acceptance per level of each draft family that ``counts`` (plan -> (hits,
+    trials) per depth, e.g. from a calibration) has data for, to serve as ``prior_rates``. A level without
+    data gets the family's pooled rate (a weak 0.5 prior of one row keeps every rate in (0, 1))."""
+    model = AcceptanceModel(prior=0.5, prior_weight=1.0)
+    for plan, (hits, trials) in counts.items():
+        model.observe(plan, hits, trials)
+    families = {p.samples for p, (_, trials) in counts.items() if not p.is_ar and sum(trials) > 0}
+    return {FAMILIES[samples]: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, samples)]
+            for samples in sorted(families)}
 
 
 @dataclass
@@ -202,12 +259,21 @@ class Planner:
     With ``adapt_costs`` the calibrated seconds are corrected by the run's own step times (sums over recent
     steps, forgotten like the acceptance data): AR's by measured / predicted of its steps; a drafting plan
     p's by (measured_p + c r) / (predicted_p + c), r the same ratio over every drafting plan (the device
-    got busier, or the calibration misjudged drafting), c one predicted step of p. AR's time is measured
+    got busier, or the calibration misjudged drafting), c COST_PRIOR_STEPS predicted steps of p. AR's time is measured
     first (``choose`` probes it), so a calibration taken while the device was loaded differently is
-    corrected within a few steps. Without adapt_costs the choice depends on the models alone (reproducible)."""
+    corrected within a few steps. A plan's first step in the run is not counted: it pays its shapes' first
+    calls (one such step of a tree measured 1.5 times its prediction and turned a run to AR). Without adapt_costs the choice depends on the models alone (reproducible).
+
+    ``margin``: a drafting plan is chosen only when its predicted tokens/s beat AR's by more than this
+    fraction. Near break-even (a compute-bound device, a wide batch) the prediction's errors decide, and
+    they lean one way: a drafting step's time and tokens vary more than an AR step's, so a plan predicted a
+    few percent faster is often slower."""
 
     def __init__(self, cost_model, plans: Sequence[Plan], acceptance: Optional[AcceptanceModel] = None,
-                 adapt_costs: bool = False):
+                 adapt_costs: bool = False, margin: float = 0.0):
+        if not 0.0 <= margin < 10.0:
+            raise ValueError(f"margin must be in [0, 10), got {margin}")
+        self.margin = margin
         if AR_PLAN not in plans:
             raise ValueError("the planner's candidates must include AR (the plan of last resort)")
         self.cost_model = cost_model
@@ -233,7 +299,8 @@ class Planner:
         if plan.is_ar:
             return seconds * ar_ratio
         m, p = self.recent.get(plan.name, (0.0, 0.0))
-        return seconds * (m + seconds * spec_ratio) / (p + seconds)
+        c = COST_PRIOR_STEPS * seconds
+        return seconds * (m + c * spec_ratio) / (p + c)
 
     def _ratios(self) -> Tuple[float, float]:
         """measured / predicted over AR's recent steps, and over every drafting plan's."""
@@ -255,22 +322,26 @@ class Planner:
 
     def rates(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> List[Tuple[float, float, Plan]]:
         """(expected tokens, predicted seconds, plan) for every candidate, AR first."""
-        b = self.acceptance.chain_rates(self.max_depth)
+        b = {samples: self.acceptance.chain_rates(self.max_depth, samples)
+             for samples in {p.samples for p in self.plans if not p.is_ar}}
         ratios = self._ratios() if self.adapt_costs else None
         out = []
         for plan in self.plans:
             seconds = self.step_seconds(plan, rows, ratios)
-            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b), seconds, plan))
+            out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b.get(plan.samples)),
+                        seconds, plan))
         return out
 
     def choose(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> Decision:
-        """The plan with the most expected tokens per second; AR unless another is strictly faster. With
-        adapt_costs, an AR step whose time no recent step measured is taken instead (a probe: the cheapest
-        step there is), so AR's prediction is corrected like the others'."""
+        """The plan with the most expected tokens per second; AR unless another is faster by more than
+        ``margin``. With adapt_costs, an AR step whose time no recent step measured is taken instead (a
+        probe: the cheapest step there is), so AR's prediction is corrected like the others'."""
         rates = self.rates(rows, n_active, rows_reaching)
         ar_tokens, ar_s, _ = next(r for r in rates if r[2].is_ar)
         ar_rate = ar_tokens / ar_s
         ranked = sorted(rates, key=lambda r: (-r[0] / r[1], not r[2].is_ar))  # AR first among equals
+        if not ranked[0][2].is_ar and ranked[0][0] / ranked[0][1] <= ar_rate * (1.0 + self.margin):
+            ranked.sort(key=lambda r: not r[2].is_ar)  # not enough to clear the margin: AR, then the best
         tokens, seconds, plan = ranked[0]
         second = ranked[1] if len(ranked) > 1 else None
         decision = Decision(plan, tokens, seconds, ar_rate, rows, second and second[2],
@@ -294,13 +365,17 @@ class Planner:
         rec.predicted_s += decision.predicted_s
         rec.tokens += tokens
         rec.measured_s += measured_s
-        if self.adapt_costs:
+        if self.adapt_costs and rec.steps > 1:  # a plan's first step pays its shapes' first calls
             pair = self.recent.setdefault(decision.plan.name, [0.0, 0.0])
             pair[0] += measured_s
             pair[1] += self.cost_model.step_seconds(decision.plan.name, decision.rows)
 
     def summary(self) -> dict:
+        families = {p.samples for p in self.plans if not p.is_ar}
+        rates = {FAMILIES[samples]: [round(b, 4) for b in
+                                                     self.acceptance.chain_rates(self.max_depth, samples)]
+                 for samples in sorted(families)}
         return {"plans": {name: rec.as_dict() for name, rec in sorted(self.records.items(),
                                                                          key=lambda kv: -kv[1].steps)},
-                "chain_rate_per_depth": [round(b, 4) for b in self.acceptance.chain_rates(self.max_depth)]}
+                "chain_rate_per_depth": rates}
 

@@ -26,22 +26,24 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .ar import check_condition, check_length, condition_masks, nonfinite_logits, sample_next
+from .ar import check_condition, check_length, condition_masks, generate_ar, nonfinite_logits, sample_next
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
-from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans
+from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans, measured_rates
 from .trees import DraftScorer, grow_chain, grow_dynamic, grow_static, static_shape, unguided_past_interval
 
 STATIC_WIDTHS = (6, 4, 3, 2, 1, 1)  # 56 nodes with the root
 TREES = ("auto", "chain", "static", "dynamic")
-CALIBRATION_ROWS = (2, 16, 64)  # rows (2 x images with guidance) at which each plan's step is timed
+CALIBRATION_ROWS = (2,)  # rows (2 x images with guidance) at which each plan's step is timed, and the run's
 
 
 @dataclass
 class SpecConfig:
     method: str = "lantern"  # "spec" (exact, δ = 0) | "lantern" (relaxed)
     tree: str = "auto"  # "auto" (planner) | "chain" | "static" | "dynamic"
-    draft: Optional[str] = None  # "deterministic" | "sampled"; default: dynamic/chain deterministic, static sampled
+    # "deterministic" | "sampled"; default: sampled for chains and static trees, top-k for EAGLE-2 dynamic trees
+    # (tree="auto": see ``planner.candidate_plans``)
+    draft: Optional[str] = None
     depth: int = 5  # draft levels below the root (chain length / EAGLE-2 expansions / static depth from widths)
     top_per_node: int = 10  # EAGLE-2: children per expanded node, and the beam width
     n_nodes: int = 58  # EAGLE-2: drafted nodes kept (plus the root)
@@ -53,28 +55,31 @@ class SpecConfig:
     # tree="auto" only
     cost_model: Optional[CostModel] = None  # default: calibrated on the device (cached, see costs.py)
     plans: Optional[Sequence[Plan]] = None  # candidates; default: candidate_plans(depth)
-    acceptance_prior: float = 0.5  # per-level acceptance of a chain before the run's own data
+    # per-level acceptance of a chain before the run's own data, where the cost model has no measured rates
+    acceptance_prior: float = 0.5
     acceptance_memory: float = 0.98  # per step, the weight the acceptance data keeps (see AcceptanceModel)
     adapt_costs: bool = True  # correct the cost model by the run's step times (see Planner); False: reproducible
+    margin: float = 0.1  # draft only when predicted more than 10 % faster than AR (see Planner)
     # True: target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), node counts
     # padded to buckets (compiled.py); a dict: those torch.compile options
     compile: CompileOption = False
 
     def draft_kind(self) -> str:
+        """The drafts of an explicit tree: sampled from the drafter's distribution, or its top tokens."""
         if self.draft is not None:
             return self.draft
-        return "sampled" if self.tree == "static" else "deterministic"
+        return "deterministic" if self.tree == "dynamic" else "sampled"
 
     def fixed_plan(self) -> Plan:
         """The plan of an explicit tree (every step)."""
         if self.tree == "chain":
-            return Plan("chain", "chain", depth=self.depth)
+            return Plan("chain", "chain", depth=self.depth, sampled=self.draft_kind() == "sampled")
         if self.tree == "static":
             return Plan("static", "static", depth=len(self.static_widths), static_widths=tuple(self.static_widths))
         return Plan("dynamic", "dynamic", depth=self.depth, n_nodes=self.n_nodes, top_per_node=self.top_per_node)
 
     def candidates(self) -> List[Plan]:
-        return list(self.plans) if self.plans is not None else candidate_plans(self.depth)
+        return list(self.plans) if self.plans is not None else candidate_plans(self.depth, draft=self.draft)
 
 
 @dataclass
@@ -143,6 +148,8 @@ class _Loop:
             target, drafter, neighbours, config, sampling, L)
         self.relaxed = config.method == "lantern"
         B = self.B = cond_idx.shape[0]
+        greedy = torch.as_tensor(sampling.temperature, device=cond_idx.device) == 0  # [] or [B]
+        self.greedy_rows = greedy.expand(B) if bool(greedy.any()) else None  # read once, before the loop
         C = target.config.cond_len
         masks = condition_masks(target, cond_idx, emb_masks, sampling.guided)  # [rows, C] or None
         cond = target.double_for_cfg(cond_idx) if sampling.guided else cond_idx
@@ -252,9 +259,8 @@ class _Loop:
         root_tok = self.out.gather(1, (n_done - 1)[:, None]).squeeze(1)
         root_logits = scorer.guide(root_logits, n_done)
         # 2. grow the draft tree
-        sampled = config.draft_kind() == "sampled" and plan.kind != "dynamic"
         if plan.kind == "chain":
-            tree = grow_chain(scorer, root_tok, root_logits, root_state, plan.depth, sampled, self._process,
+            tree = grow_chain(scorer, root_tok, root_logits, root_state, plan.depth, plan.sampled, self._process,
                               s.seed, step)
         elif plan.kind == "static":
             tree = grow_static(scorer, root_tok, root_logits, root_state, static_shape(plan.static_widths),
@@ -296,9 +302,16 @@ class _Loop:
         self.n_done = n_done + n_emit
         return n_emit, result.accept_len, tree.draft_forwards
 
-    def _process(self, draft_logits):  # the drafter's sampling distribution for sampled drafts
+    def _process(self, draft_logits):
+        """The drafter's sampling distribution for sampled drafts [B, ..., V]. Greedy rows (temperature 0)
+        draw the drafter's top token (a one-hot q): greedy verification keeps a draft only if it is the
+        target's top token, so a draw from the softmax would only waste the draft."""
         s = self.s
-        return ops.process_logits(draft_logits, None, 1.0, s.temperature, s.top_k, s.top_p)
+        q = ops.process_logits(draft_logits, None, 1.0, s.temperature, s.top_k, s.top_p)
+        if self.greedy_rows is None:
+            return q
+        top = torch.zeros_like(q).scatter_(-1, draft_logits.argmax(-1, keepdim=True), 1.0)
+        return torch.where(self.greedy_rows.view(-1, *([1] * (q.dim() - 1))), top, q)
 
     def close(self) -> None:
         self.drafter.release()
@@ -478,16 +491,28 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
     return loop.out, stats
 
 
+PRIOR_STEPS = 8  # tree=auto: the acceptance prior's weight, in steps of the batch
+
+
 def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model, emb_masks=None):
     t0 = time.perf_counter()
     stats = SpecStats()
-    acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory)
-    planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs)
+    # the prior weighs PRIOR_STEPS steps of the whole batch: a step of 10 rows is 10 trials, and two
+    # unlucky steps must not outweigh a calibration's rates and turn a run to AR for good (AR steps
+    # bring no acceptance data)
+    acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory,
+                                 prior_rates=cost_model.acceptance, prior_weight=PRIOR_STEPS * cond_idx.shape[0])
+    planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs,
+                      margin=config.margin)
+    max_depth = planner.max_depth
+    B = cond_idx.shape[0]
+    first = planner.choose(B * (2 if sampling.guided else 1), B, _progress_at_start(B, L, max_depth)[1:])
+    if first.plan.is_ar and not first.probe:
+        return _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, first, stats, t0)
     compiled = CompileStats() if config.compile else None
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True,
                  emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
-    max_depth = planner.max_depth
     step, decision, last, forwards, n_emit, steps = 0, None, None, 0, None, []
     t_step = time.perf_counter()
     with ops.checks.values_checked_by_caller():
@@ -525,15 +550,58 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
     return loop.out, stats
 
 
+def _progress_at_start(B: int, L: int, max_depth: int) -> List[int]:
+    """``_Loop.progress`` before the first step (every row has its first token): [1 + max_depth]."""
+    return [B if L - 1 - d >= 1 else 0 for d in range(max_depth + 1)]
+
+
+def _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, decision, stats, t0):
+    """tree="auto" when AR is the plan of the first step: then it is the plan of every step (AR steps give
+    the acceptance model no data, their measured time corrects every plan's predicted time alike, and the
+    rows' remaining tokens only shrink, which favours AR further), so the run is ``generate_ar``'s loop: the
+    same tokens as AR steps of the speculative loop (one stream, offset = token index), without its
+    drafter, tree bookkeeping and per-step host read."""
+    B = cond_idx.shape[0]
+    progress = None if on_step is None else (lambda step: on_step(torch.ones(B, dtype=torch.int64))
+                                             if step >= 1 else None)
+    compile_stats: dict = {}
+    tokens = generate_ar(target, cond_idx, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
+                         top_k=sampling.top_k, top_p=sampling.top_p, cfg_interval=sampling.cfg_interval,
+                         seed=sampling.seed, on_token=progress, length=L, emb_masks=emb_masks,
+                         compile=config.compile, stats=compile_stats)
+    stats.wall_s = time.perf_counter() - t0
+    steps = L - 1
+    stats.steps = steps
+    stats.target_forwards = L
+    stats.row_steps = stats.emitted = B * steps
+    stats.accept_lens = [torch.zeros(B, dtype=torch.int64) for _ in range(steps)]
+    stats.plan_counts = {AR_PLAN.name: steps} if steps else {}
+    for _ in range(steps):  # the steps' time, shared out evenly (no step was timed alone)
+        planner.record(decision, B, stats.wall_s / steps)
+    stats.planner = dict(planner.summary(), cost_model={k: v for k, v in planner.cost_model.meta.items()
+                                                        if k != "key"}, all_ar=True)
+    stats.compile_s = compile_stats.get("compile_s", 0.0)
+    stats.compiled_graphs = compile_stats.get("compiled_graphs", 0)
+    return tokens, stats
+
+
 # -- calibration ------------------------------------------------------------------------------------------
 
 def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan]) -> dict:
     """What, besides the device and models, changes a step's cost: the verify work and the candidates."""
     relaxed = config.method == "lantern"
     return {"method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
-            "lam": relaxed and config.lam is not None, "guided": sampling.guided, "length": L,
-            "draft": config.draft_kind(), "top_k": _positive(sampling.top_k), "top_p": _below_one(sampling.top_p),
-            "plans": [p.name for p in plans], "rows": list(CALIBRATION_ROWS)}
+            "lam": config.lam if relaxed else None, "guided": sampling.guided, "length": L,
+            # the acceptance the calibration measures depends on these (the step costs do not)
+            "delta": config.delta if relaxed else 0.0, "cfg_scale": _number(sampling.cfg_scale),
+            "temperature": _number(sampling.temperature),
+            "draft": config.draft, "top_k": _positive(sampling.top_k), "top_p": _below_one(sampling.top_p),
+            "plans": [p.name for p in plans]}
+
+
+def _number(x):
+    """A scalar setting as a float, a per-row tensor as "per-row"."""
+    return "per-row" if isinstance(x, torch.Tensor) else float(x)
 
 
 def _positive(x) -> bool:
@@ -565,46 +633,158 @@ def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasu
     plans = config.candidates()
     device = target.tok_embeddings.weight.device
     key = cache_key(device, target, drafter, _mode(config, sampling, L, plans))
-    return cached_cost_model(key, lambda: calibrate(target, drafter, cond_idx, neighbours, config, sampling, L,
-                                                    plans, emb_masks=emb_masks), remeasure=remeasure)
+    rows = cond_idx.shape[0] * (2 if sampling.guided else 1)
+    grid = sorted(set(CALIBRATION_ROWS) | {rows})
+
+    def measure(missing, known):
+        return calibrate(target, drafter, cond_idx, neighbours, config, sampling, L, plans, rows_grid=missing,
+                         known=known, emb_masks=emb_masks)
+
+    return cached_cost_model(key, measure, rows=grid, remeasure=remeasure)
 
 
 def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
               plans: Sequence[Plan], rows_grid: Sequence[int] = CALIBRATION_ROWS, reps: int = 2,
-              max_point_s: float = 0.3, budget_s: float = 4.0,
-              emb_masks: Optional[torch.Tensor] = None) -> Dict[str, Dict[int, float]]:
-    """Seconds per step of every plan at each row count of ``rows_grid``: a fresh decoding state per point
-    (labels cycled from cond_idx), one untimed step (first calls, caches), then the fastest of ``reps``
-    timed steps (on a shared device, load only ever adds time). Every plan is timed at the two smallest row counts (a cost and a slope); a
-    larger one is skipped when the last point scaled by the rows would exceed ``max_point_s``, or once
-    ``budget_s`` is spent (the cost model extrapolates along the last slope)."""
+              max_point_s: float = 0.3, known: Optional[CostModel] = None,
+              emb_masks: Optional[torch.Tensor] = None) -> dict:
+    """{"points": seconds per step of the plans at each row count of ``rows_grid`` (labels cycled from
+    cond_idx), "acceptance": the chain-equivalent acceptance per level that the drafting steps measured
+    (``planner.measured_rates``; the planner's prior)}. ``known``: a cost model already measured at other row
+    counts, which this calibration extends.
+
+    At one row count every plan steps the same decoding state in turn, round after round, as ``tree="auto"``
+    would switch between them: the steps run at the cache lengths of a real image, the drafter catches up
+    after AR steps as it does in a run, and a change of the device's load during the calibration hits
+    every plan alike; an AR step runs before each drafting plan's, so AR, the reference, is timed often and
+    next to every plan. A step's time includes its host read (``_Loop.sync``). The first round is not timed
+    (first calls, caches); a point is the fastest of ``reps`` timed steps (on a shared device, load only ever
+    adds time). A fresh state starts when a row finishes its image.
+
+    At the smallest row count every plan is timed. At a larger one AR is timed first, and then only the
+    plans that could pay there (``_could_pay``: their time at the largest smaller row count grown by AR's
+    growth times their nodes, and the acceptance measured so far); an untimed step longer than 4
+    ``max_point_s`` drops a plan too. A plan left out gets, as its point there, the time that left it out
+    (the prediction, or that untimed step): extrapolating its smaller row counts' slope could make it look
+    cheaper than the bound that said it cannot pay, and the planner would choose it."""
     device = target.tok_embeddings.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     halves = 2 if sampling.guided else 1
-    points: Dict[str, Dict[int, float]] = {p.name: {} for p in plans}
-    t_start = time.perf_counter()
-    for i, rows in enumerate(sorted(rows_grid)):
+    points: Dict[str, Dict[int, float]] = {p.name: dict(known.points.get(p.name, {})) if known else {} for p in plans}
+    counts = {p: ([0] * p.depth, [0] * p.depth) for p in plans if not p.is_ar}  # hits, trials per depth
+    max_depth = max(p.depth for p in plans)
+    new_rows = set()
+    for rows in sorted(rows_grid):
         B = max(rows // halves, 1)
+        rows = B * halves
         pick = torch.arange(B, device=cond_idx.device) % cond_idx.shape[0]
         labels, masks = cond_idx[pick], None if emb_masks is None else emb_masks[pick]
-        for plan in plans:
-            if i > 1:
-                measured = points[plan.name]
-                last_rows = max(measured)
-                if measured[last_rows] * B * halves / last_rows > max_point_s:
+        state = {"loop": None, "step": 0}
+
+        def timed_step(plan: Plan) -> float:
+            loop = state["loop"]
+            if loop is None or bool((loop.n_done >= L).any()):  # one host read, outside any timing
+                if loop is not None:
+                    loop.close()
+                loop = state["loop"] = _Loop(target, drafter, labels, neighbours, config, sampling, L, plans,
+                                             catch_up=True, emb_masks=masks)
+            state["step"] += 1
+            sync()
+            t0 = time.perf_counter()
+            with ops.checks.values_checked_by_caller():  # as in the decoding loop
+                loop.ar_step(state["step"]) if plan.is_ar else loop.spec_step(plan, state["step"])
+                loop.sync(max_depth, loop.figures)  # the step's host read, as in the loop
+            sync()
+            seconds = time.perf_counter() - t0
+            if not plan.is_ar:
+                hits, trials = counts[plan]
+                for d, (h, t) in enumerate(zip(loop.figures.hits, loop.figures.trials)):
+                    hits[d] += h
+                    trials[d] += t
+            return seconds
+
+        times: Dict[str, List[float]] = {p.name: [] for p in plans}
+        bounds: Dict[str, float] = {}
+        smaller = [r for r in points[AR_PLAN.name] if r < rows]
+        todo = list(plans)
+        if smaller:  # AR first, then the plans that could pay at this row count
+            times[AR_PLAN.name] = [timed_step(AR_PLAN) for _ in range(reps + 1)][1:]
+            rates = measured_rates(counts, max_depth) if any(sum(t) for _, t in counts.values()) else \
+                (known.acceptance if known else {})
+            todo = [p for p in plans if p.is_ar or _could_pay(p, points, max(smaller), rows, min(times["ar"]),
+                                                             halves, rates, max_point_s)]
+            for p in plans:  # a plan left out gets the bound that left it out: never a cheaper extrapolation
+                if p not in todo and max(smaller) in points[p.name]:
+                    bounds[p.name] = _predicted(p, points, max(smaller), min(times["ar"]))
+        for rnd in range(reps + 1):
+            # AR, the reference every plan is compared with, before each drafting plan's step
+            for plan in [q for p in todo if not p.is_ar for q in (AR_PLAN, p)] or [AR_PLAN]:
+                if plan not in todo:
                     continue
-                if time.perf_counter() - t_start > budget_s:
-                    continue
-            loop = _Loop(target, drafter, labels, neighbours, config, sampling, L, [plan, AR_PLAN],
-                         catch_up=True, emb_masks=masks)
-            times = []
-            for step in range(1, reps + 2):
-                sync()
-                t0 = time.perf_counter()
-                with ops.checks.values_checked_by_caller():  # as in the decoding loop
-                    loop.ar_step(step) if plan.is_ar else loop.spec_step(plan, step)
-                sync()
-                times.append(time.perf_counter() - t0)
-            loop.close()
-            points[plan.name][B * halves] = min(times[1:])
-    return points
+                seconds = timed_step(plan)
+                if rnd > 0:
+                    times[plan.name].append(seconds)
+                elif smaller and seconds > 4 * max_point_s and not plan.is_ar:
+                    todo.remove(plan)  # its untimed step already says it is too slow: that step is its point
+                    bounds[plan.name] = seconds
+        if state["loop"] is not None:
+            state["loop"].close()
+        for name, measured in times.items():
+            if measured:
+                points[name][rows] = min(measured)
+                new_rows.add(rows)
+            elif name in bounds:
+                points[name][rows] = bounds[name]
+    _nested_min(points, plans)
+    fresh = {name: {r: s for r, s in by_rows.items() if r in new_rows} for name, by_rows in points.items()}
+    return {"points": {name: by_rows for name, by_rows in fresh.items() if by_rows},
+            "acceptance": measured_rates(counts, max_depth)}
+
+
+PRUNE_SLACK = 0.25  # calibrate: a plan predicted this much slower than AR at a row count is still timed there
+
+
+def _predicted(plan: Plan, points: Dict[str, Dict[int, float]], at: int, ar_seconds: float) -> float:
+    """A plan's step where an AR step takes ``ar_seconds``, from its time at ``at`` rows: plus AR's growth
+    since ``at`` rows times its nodes (the target's forward grows with its tokens, rows x nodes)."""
+    ar_growth = max(ar_seconds - points[AR_PLAN.name][at], 0.0)
+    return points[plan.name][at] + ar_growth * _tree_size(plan)
+
+
+def _could_pay(plan: Plan, points: Dict[str, Dict[int, float]], at: int, rows: int, ar_seconds: float,
+               halves: int, acceptance, max_point_s: float) -> bool:
+    """Whether to time ``plan`` at ``rows`` rows, where an AR step took ``ar_seconds`` (see ``calibrate``):
+    measured at ``at`` rows, predicted (``_predicted``) within 4 max_point_s and at most PRUNE_SLACK slower
+    than AR in tokens per second, every row drafting every level at the acceptance measured so far."""
+    if at not in points[plan.name]:
+        return False
+    seconds = _predicted(plan, points, at, ar_seconds)
+    if seconds > 4 * max_point_s:
+        return False
+    B = max(rows // halves, 1)
+    tokens = AcceptanceModel(prior_rates=acceptance).expected_tokens(plan, B, [B] * plan.depth)
+    return tokens / seconds * (1.0 + PRUNE_SLACK) >= B / ar_seconds
+
+
+def _contains(big: Plan, small: Plan) -> bool:
+    """Whether a step of ``big`` does all the work of a step of ``small`` and more (same kind of drafts, a
+    tree that holds small's, at least as many drafter calls); every step contains an AR step."""
+    if small.is_ar:
+        return True
+    if big.kind != small.kind or big.samples != small.samples or big.depth < small.depth:
+        return False
+    if big.kind == "dynamic":
+        return big.n_nodes >= small.n_nodes and big.top_per_node >= small.top_per_node
+    if big.kind == "static":
+        return all(b >= w for b, w in zip(big.static_widths, small.static_widths))
+    return True  # chains
+
+
+def _nested_min(points: Dict[str, Dict[int, float]], plans: Sequence[Plan]) -> None:
+    """Load on a shared device only adds time, and a step never costs more than a step that does all of its
+    work and more (``_contains``), nor more than itself at a larger row count: ``points`` is lowered in
+    place to the least such bound of the measured times."""
+    measured = {p.name: dict(points[p.name]) for p in plans}
+    for p in plans:
+        for rows in points[p.name]:
+            points[p.name][rows] = min(measured[q.name][r] for q in plans if _contains(q, p)
+                                       for r in measured[q.name] if r >= rows)

@@ -9,7 +9,7 @@ partial tree below the root (``Drafter.expand``), so its cache holds only commit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -143,41 +143,74 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
     return Tree(tree_tokens, tree_parents, torch.arange(T).expand(B, T).contiguous(), draft_probs, scorer.forwards)
 
 
+@dataclass(frozen=True)
+class StaticLayout:
+    """Host-side bookkeeping of a fixed static shape (BFS order), computed once per shape: no tensor work
+    and no device reads inside the decoding loop."""
+    parents: Tuple[int, ...]  # [T]
+    depth: Tuple[int, ...]  # [T] (root 0)
+    levels: Tuple[Tuple[int, ...], ...]  # node ids per depth 0..max
+    draws: Tuple[int, ...]  # per depth d: children drawn per node of depth d (the most any node there has)
+    kid_slot: Tuple[Tuple[int, ...], ...]  # per depth d: for each node of depth d + 1, its parent's index in level d
+    kid_rank: Tuple[Tuple[int, ...], ...]  # per depth d: for each node of depth d + 1, its rank among its siblings
+
+
+_LAYOUTS: dict = {}  # parents -> StaticLayout (a plain dict: torch.compile traces through it, not lru_cache)
+
+
+def static_layout(parents: Tuple[int, ...]) -> StaticLayout:
+    layout = _LAYOUTS.get(parents)
+    if layout is None:
+        layout = _LAYOUTS[parents] = _layout(parents)
+    return layout
+
+
+def _layout(parents: Tuple[int, ...]) -> StaticLayout:
+    T = len(parents)
+    depth = [0] * T
+    for c in range(1, T):
+        depth[c] = depth[parents[c]] + 1
+    levels = tuple(tuple(i for i in range(T) if depth[i] == d) for d in range(max(depth) + 1))
+    rank = [0] * T
+    for c in range(1, T):
+        rank[c] = sum(1 for s in parents[1:c] if s == parents[c])
+    draws, slots, ranks = [], [], []
+    for d in range(len(levels) - 1):
+        kids = levels[d + 1]
+        draws.append(max(rank[c] for c in kids) + 1)
+        slots.append(tuple(levels[d].index(parents[c]) for c in kids))
+        ranks.append(tuple(rank[c] for c in kids))
+    return StaticLayout(tuple(parents), tuple(depth), levels, tuple(draws), tuple(slots), tuple(ranks))
+
+
 def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: List[int], process: Callable,
                 seed: int, offset: int) -> Tree:
     """The fixed shape, children of each node drawn without replacement from the node's processed draft
     distribution (sampled drafts, EAGLE-1 / LANTERN++ style). One drafter call and one draw per depth."""
     B, T, V = root_tok.shape[0], len(shape), root_logits.shape[-1]
-    parents = torch.tensor(shape).expand(B, T).contiguous()
-    depth = _depths(parents[:1])[0]  # [T]
-    n_children = torch.bincount(torch.tensor(shape[1:]), minlength=T)  # [T]
-    # child c of its parent is the rank-th draw from the parent's distribution
-    rank = torch.zeros(T, dtype=torch.int64)
-    for c in range(1, T):  # a fixed shape: host-side bookkeeping once per call, no tensor work per node
-        rank[c] = sum(1 for s in shape[1:c] if s == shape[c])
+    layout = static_layout(tuple(shape))
+    parents = torch.tensor(layout.parents).expand(B, T).contiguous()
+    depth = torch.tensor(layout.depth)  # [T]
     tokens = torch.zeros(B, T, dtype=torch.int64)
     tokens[:, 0] = root_tok
     draft_probs = torch.zeros(B, T, V)
     level_logits = root_logits[:, None]  # [B, n, V] logits of the nodes of the current depth
     node_state = None
-    for d in range(int(depth.max())):
-        level = torch.nonzero(depth == d).squeeze(1)  # node ids at depth d (contiguous: BFS order)
+    n_levels = len(layout.levels)
+    for d in range(n_levels - 1):
+        level, kids = layout.levels[d], layout.levels[d + 1]
+        level_ids = torch.tensor(level)
         q = process(level_logits)  # [B, n, V]
-        draft_probs[:, level] = q
-        m = int(n_children[level].max())
-        if m > 0:
-            draws = sample_without_replacement(q, m, seed, level.expand(B, -1), offset)  # [B, n, m]
-            kids = torch.nonzero(depth == d + 1).squeeze(1)
-            slot = torch.searchsorted(level, torch.tensor([shape[c] for c in kids.tolist()]))
-            tokens[:, kids] = draws[:, slot, rank[kids]]
-        if d + 1 < int(depth.max()):
-            upto = int((depth <= d + 1).sum())  # nodes 1..upto-1 form the partial tree (BFS order)
+        draft_probs[:, level[0]: level[-1] + 1] = q  # a level's nodes are contiguous (BFS order)
+        draws = sample_without_replacement(q, layout.draws[d], seed, level_ids.expand(B, -1), offset)  # [B, n, m]
+        tokens[:, kids[0]: kids[-1] + 1] = draws[:, torch.tensor(layout.kid_slot[d]), torch.tensor(layout.kid_rank[d])]
+        if d + 2 < n_levels:
+            upto = kids[-1] + 1  # nodes 1..upto-1 form the partial tree (BFS order)
             sub_parents = parents[:, 1:upto] - 1  # partial-tree indices; the root becomes -1
             parent_state = _gather_state(root_state, node_state, scorer.rows(sub_parents))
             logits, node_state = scorer.score(tokens[:, 1:upto], sub_parents, depth[1:upto].expand(B, -1),
                                               parent_state)
-            next_level = torch.nonzero(depth == d + 1).squeeze(1)
-            level_logits = logits[:, next_level - 1]
+            level_logits = logits[:, kids[0] - 1: kids[-1]]
     return Tree(tokens, parents, depth.expand(B, T).contiguous(), draft_probs, scorer.forwards)
 
 

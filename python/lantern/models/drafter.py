@@ -62,9 +62,8 @@ class EagleDrafter(nn.Module):
         embed, _ = self._target
         x = self.fc(torch.cat([embed(tokens).to(features.dtype), features], dim=-1))
         rope = self.freqs_cis[positions]  # [R, T, Dh/2, 2]
-        kv = self.kv_cache[:, :, : tokens.shape[0]] if step is not None else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, None if kv is None else kv[i], step)
+            x = layer(x, rope, None if step is None else (self.kv_cache, i), step)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

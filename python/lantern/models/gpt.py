@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -173,6 +173,19 @@ class CacheStep:
     cache_len: torch.Tensor  # [B] int64 committed prefix per row
     tree_mask: torch.Tensor  # [B, T, ceil(T/32)] int32 packed ancestor bits among the T new positions
 
+    def write_kv(self, cache: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [B, T, Hkv, Dh] into the whole cache [n_layer, 2, rows, Hkv, Lmax, Dh] at (layer, row, slot):
+        one index_put_ on the cache tensor itself, not on a layer's view, so that a compiled forward
+        writes the new positions only (functionalisation turns an indexed write into a view into a copy of
+        the whole cache)."""
+        B, T, Hkv = k.shape[0], k.shape[1], k.shape[2]
+        dev = cache.device
+        index = (torch.full((1, 1, 1, 1), layer, dtype=torch.int64, device=dev),
+                 torch.arange(2, device=dev).view(2, 1, 1, 1),  # k, v
+                 self.rows.reshape(1, B, T, 1), torch.arange(Hkv, device=dev).view(1, 1, 1, Hkv),
+                 self.slots.reshape(1, B, T, 1))
+        cache.index_put_(index, torch.stack([k, v]).to(cache.dtype))  # [2, B, T, Hkv, Dh]
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
@@ -181,10 +194,11 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(cfg.dim, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=False)  # rows q | k | v
         self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, kv: Optional[torch.Tensor] = None,
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, kv: Optional[Tuple[torch.Tensor, int]] = None,
                 step: Optional[CacheStep] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x [B, T, dim], rope [B, T, Dh/2, 2]; kv = this layer's cache [2, B, Hkv, Lmax, Dh] or None
-        (then attention over the T positions: causal, or ``mask`` [B, 1, T, T] bool, True = attend)."""
+        """x [B, T, dim], rope [B, T, Dh/2, 2]; kv = (the model's whole cache [n_layer, 2, rows, Hkv, Lmax, Dh],
+        this layer's index) or None (then attention over the T positions: causal, or ``mask`` [B, 1, T, T]
+        bool, True = attend)."""
         B, T, _ = x.shape
         H, Hkv, Dh = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.wqkv(x).split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
@@ -200,9 +214,9 @@ class Attention(nn.Module):
             else:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
-            k_cache, v_cache = kv[0], kv[1]  # [B, Hkv, Lmax, Dh] views into the model's cache
-            k_cache[step.rows, :, step.slots] = k.to(k_cache.dtype)  # [B, T, Hkv, Dh] at cache_len + t
-            v_cache[step.rows, :, step.slots] = v.to(v_cache.dtype)
+            cache, layer = kv
+            step.write_kv(cache, layer, k, v)  # at cache_len + t
+            k_cache, v_cache = cache[layer, 0, :B], cache[layer, 1, :B]  # [B, Hkv, Lmax, Dh] views
             q = q.transpose(1, 2).to(k_cache.dtype)  # [B, H, T, Dh]
             out = ops.tree_attention(q, k_cache, v_cache, step.cache_len, step.tree_mask).to(x.dtype)
         return self.wo(out.transpose(1, 2).reshape(B, T, H * Dh))
@@ -419,9 +433,8 @@ class Transformer(nn.Module):
             cache_len=cache_len,
             tree_mask=self._full_tree_mask(tree_mask, n_cond, T, B, x.device, masks),
         )
-        kv_cache = self.kv_cache[:, :, :B] if B < self.kv_cache.shape[2] else self.kv_cache
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, kv_cache[i], step)
+            x = layer(x, rope, (self.kv_cache, i), step)
         if cond_idx is not None:
             self._commit_condition(cache_len, masks, T)
         return self._head(x[:, max(n_cond - 1, 0):], return_hidden)

@@ -94,6 +94,29 @@ def check_state_dict(model: torch.nn.Module, state: StateDict, what: str = "mode
         raise ValueError("\n".join(lines))
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bfloat16 dot-product instructions (x86 AVX512-BF16 or AMX-BF16; read from
+    /proc/cpuinfo, so False off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def decode_dtype(device) -> torch.dtype:
+    """The dtype a GPT decodes in by default on ``device``: bfloat16 on a GPU (LlamaGen's setting); on a CPU
+    bfloat16 where it has native bf16 dot products (oneDNN's bf16 matrix products then run at 2-3x float32's
+    rate from a few dozen rows on: docs/tiny_model.md), else float32 (bf16 would be emulated, slower)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
 def _load_into(model: torch.nn.Module, state: StateDict, device, dtype: Optional[torch.dtype]):
     """model was built on the meta device; state is checked already. Tensors are moved to device/dtype
     (floating tensors only) and assigned."""

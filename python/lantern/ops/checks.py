@@ -10,6 +10,7 @@ import threading
 import weakref
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -32,6 +33,45 @@ def tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Sequenc
         if len(shape) != t.dim() or any(s is not None and s != n for s, n in zip(shape, t.shape)):
             want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
             raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
+
+
+def memory_span(t: torch.Tensor):
+    """[first byte, one past the last byte) of the elements of ``t`` (torch strides are never negative), or
+    None when ``t`` holds no elements or has no real memory (meta tensors, or fake tensors while
+    torch.compile traces)."""
+    if t.numel() == 0 or t.device.type == "meta" or torch.compiler.is_compiling():
+        return None
+    try:
+        start = t.data_ptr()
+    except RuntimeError:  # a fake or functional tensor of a trace (make_fx, inductor's lowering): no memory
+        return None
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))  # elements from the first to the last
+    return start, start + (extent + 1) * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of ``a`` and ``b`` intersect (on one device). Conservative: two strided views
+    that interleave without sharing an element count as overlapping."""
+    if a.device != b.device:
+        return False
+    span_a, span_b = memory_span(a), memory_span(b)
+    return span_a is not None and span_b is not None and span_a[0] < span_b[1] and span_b[0] < span_a[1]
+
+
+def not_overlapping(output_name: str, output: torch.Tensor, **inputs: torch.Tensor) -> None:
+    """An op that writes ``output`` in place must not read an input from the same memory: a kernel that
+    overwrites its own lengths or indices mid-copy reads garbage (and may leave the tensor)."""
+    for name, t in inputs.items():
+        if overlaps(output, t):
+            raise ValueError(f"{name} overlaps the memory of {output_name}, which the op modifies in place; "
+                             f"pass a copy ({name}.clone())")
+
+
+def plain(value):
+    """A numpy scalar (np.float32(0.5), np.int64(3)) as the Python number it holds, so that settings given
+    through numpy mean the same as Python numbers on every backend; anything else unchanged (np.bool_
+    becomes a bool, which the checks refuse as a number)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 _caller = threading.local()
@@ -108,8 +148,14 @@ def per_row(name: str, value, B: int, device: torch.device, *, integer: bool = F
 
 
 def values(value) -> torch.Tensor:
-    return value.detach().to("cpu", torch.float64) if isinstance(value, torch.Tensor) else torch.tensor(
-        float(value), dtype=torch.float64)
+    """A setting's values as a float64 CPU tensor (an int too large for a double becomes +-inf)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", torch.float64)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf if value > 0 else -math.inf
+    return torch.tensor(number, dtype=torch.float64)
 
 
 def tensor_fingerprint(t: torch.Tensor):
@@ -197,6 +243,7 @@ def _parents_valid(parents: torch.Tensor) -> bool:
 
 
 from .checks_verify import check_philox, check_process_logits, check_verify  # noqa: E402,F401
+from .checks_continuous import check_continuous_verify  # noqa: E402,F401
 from .checks_tree import (  # noqa: E402,F401
     check_build_tree,
     check_compact_kv,

@@ -27,7 +27,8 @@ def _last_dim_contiguous(name: str, t: torch.Tensor) -> None:
 
 
 def check_latent_neighbours(codebook, K, normalize) -> None:
-    """codebook [V, d] float, finite in float32, V >= 2, d >= 1; K int in [1, V-1]; normalize bool."""
+    """codebook [V, d] float, finite in float32 (and, to be normalised, with finite float32 row norms), V >= 2,
+    d >= 1; K int in [1, V-1]; normalize bool."""
     c.tensor("codebook", codebook, ndim=2, dtypes=c.FLOAT_DTYPES)
     V, d = codebook.shape
     if V < 2 or d < 1:
@@ -35,8 +36,17 @@ def check_latent_neighbours(codebook, K, normalize) -> None:
     _int_arg("K", K, 1, V - 1)
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-    if c.scan_values() and not bool(torch.isfinite(codebook.detach().to(torch.float32)).all()):
+    if not c.scan_values():
+        return
+    rows = codebook.detach().to(torch.float32).contiguous()  # [V, d] what every backend computes with
+    if not bool(torch.isfinite(rows).all()):
         raise ValueError("codebook contains NaN or infinite values (in float32)")
+    if normalize:  # a row whose float32 norm overflows would be "normalised" to zero
+        norms = rows.norm(2, dim=1)  # [V]
+        if not bool(torch.isfinite(norms).all()):
+            row = int((~torch.isfinite(norms)).nonzero()[0])
+            raise ValueError(f"codebook row {row}: its L2 norm overflows float32, so it cannot be normalised "
+                             f"(normalize=True); scale the codebook down")
 
 
 def check_build_tree(cand_tokens, cand_parents, cand_scores, root_token, n_nodes) -> None:
@@ -127,7 +137,8 @@ def _mask_words(T: int, device: torch.device):
 
 
 def check_compact_kv(cache, cache_len, path_nodes, n_keep) -> None:
-    """cache contiguous float [..., B, Hkv, Lmax, Dh]; cache_len int64 [B] in [0, Lmax]; path_nodes int64
+    """cache contiguous float [..., B, Hkv, Lmax, Dh], not requiring grad and sharing no memory with the
+    other arguments; cache_len int64 [B] in [0, Lmax]; path_nodes int64
     [B, P]; n_keep int64 [B] in [0, P] with cache_len + n_keep <= Lmax; every path_nodes entry is -1 or
     a tree node whose position fits (cache_len + node < Lmax), and entries i < n_keep are not -1."""
     c.tensor("cache", cache, dtypes=c.FLOAT_DTYPES)
@@ -141,6 +152,9 @@ def check_compact_kv(cache, cache_len, path_nodes, n_keep) -> None:
     c.tensor("path_nodes", path_nodes, ndim=2, dtypes=(torch.int64,), device=dev)
     c.tensor("path_nodes", path_nodes, shape=[B, None])
     c.tensor("n_keep", n_keep, shape=[B], dtypes=(torch.int64,), device=dev)
+    if cache.requires_grad:
+        raise ValueError("cache must not require grad: compact_kv modifies it in place (pass cache.detach())")
+    c.not_overlapping("cache", cache, cache_len=cache_len, path_nodes=path_nodes, n_keep=n_keep)
     P = path_nodes.shape[1]
     if not c.scan_values():
         return

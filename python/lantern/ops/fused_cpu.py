@@ -15,6 +15,7 @@ import torch
 
 from . import library
 from .library import IntLike
+from .reference.continuous_verify import ContinuousVerifyResult
 from .reference.verify import VerifyResult
 
 try:
@@ -82,7 +83,15 @@ def tree_attention(q, k_cache, v_cache, cache_len, tree_mask) -> torch.Tensor:
     return torch.ops.lantern.tree_attention(q, k_cache, v_cache, cache_len, tree_mask)
 
 
-_CALLERS: Dict[str, Callable] = {"verify": verify, "latent_neighbours": latent_neighbours,
+def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule="exact", bandwidth=1.0,
+                      sigma_ratio="paper", max_tries=1000, seed=0, offset=0, *, rows=None, positions=None):
+    """The fused continuous_verify (one op call for the block); see ``lantern.ops.continuous_verify``."""
+    return ContinuousVerifyResult(*torch.ops.lantern.continuous_verify(*library.continuous_verify_args(
+        draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth, sigma_ratio, max_tries, seed,
+        offset, rows, positions)))
+
+
+_CALLERS: Dict[str, Callable] = {"verify": verify, "continuous_verify": continuous_verify, "latent_neighbours": latent_neighbours,
                                  "tree_attention": tree_attention, "compact_kv": compact_kv,
                                  "philox_uniform": philox_uniform}
 

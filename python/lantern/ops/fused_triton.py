@@ -15,7 +15,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-TRITON_OPS = ("verify", "latent_neighbours", "tree_attention", "compact_kv")
+TRITON_OPS = ("verify", "latent_neighbours", "tree_attention", "compact_kv", "continuous_verify")
 
 try:
     import triton  # noqa: F401

@@ -23,6 +23,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
+from .reference.continuous_verify import ContinuousVerifyResult, default_keys
 from .reference.verify import VerifyResult
 
 # The schemas of csrc/ops.cpp (tests/test_compile_step.py compares them with lantern._C's).
@@ -35,6 +36,10 @@ SCHEMAS: Dict[str, str] = {
     "tree_attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_len, Tensor tree_mask) -> Tensor",
     "compact_kv": "(Tensor(a!) cache, Tensor cache_len, Tensor path_nodes, Tensor n_keep) -> Tensor",
     "philox_uniform": "(Tensor seed, Tensor c0, Tensor c1, Tensor c2, Tensor c3) -> Tensor",
+    "continuous_verify": (
+        "(Tensor draft, Tensor mu_p, Tensor sigma_p, Tensor mu_q, Tensor sigma_q, Tensor logsig_p, Tensor logsig_q, "
+        "Tensor rows, Tensor positions, str rule, float bandwidth, str sigma_ratio, int max_tries, Tensor seed, "
+        "Tensor offset) -> (Tensor, Tensor, Tensor)"),
 }
 FUSED_OPS = tuple(SCHEMAS)
 # Ops that only have the reference: declared in lantern_reference:: so that torch.compile can trace a step.
@@ -78,6 +83,13 @@ def _philox_uniform_fake(seed, c0, c1, c2, c3):
     return c0.new_empty(shape, dtype=torch.float32)
 
 
+def _continuous_verify_fake(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions, rule,
+                            bandwidth, sigma_ratio, max_tries, seed, offset):
+    B, N, C = draft.shape
+    return (draft.new_empty((B, N, C), dtype=torch.float32), draft.new_empty((B, N), dtype=torch.bool),
+            draft.new_empty((B, N), dtype=torch.int32))
+
+
 def _process_logits_fake(logits, uncond_logits, cfg_scale, temperature, top_k, top_p):
     return logits.new_empty(logits.shape, dtype=torch.float64 if logits.dtype == torch.float64 else torch.float32)
 
@@ -99,6 +111,7 @@ FAKES: Dict[str, Callable] = {
     "tree_attention": _tree_attention_fake,
     "compact_kv": _compact_kv_fake,
     "philox_uniform": _philox_uniform_fake,
+    "continuous_verify": _continuous_verify_fake,
     "process_logits": _process_logits_fake,
     "ancestor_mask": _ancestor_mask_fake,
     "build_tree": _build_tree_fake,
@@ -156,6 +169,18 @@ def philox_args(seed: IntLike, c0: IntLike, c1: IntLike, c2: IntLike, c3: IntLik
     return (seed_tensor(seed, device), *counters)
 
 
+def continuous_verify_args(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth, sigma_ratio,
+                           max_tries, seed, offset, rows, positions) -> tuple:
+    """The continuous_verify schema's arguments: the keys as contiguous int64 (rows [B] default b, positions
+    [B, N] default n), seed and offset as 0-d int64 tensors on the block's device."""
+    B, N, _ = draft.shape
+    dev = draft.device
+    rows, positions = default_keys(B, N, dev, rows, positions)
+    return (draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows.contiguous(), positions.contiguous(),
+            str(rule), float(bandwidth), str(sigma_ratio), int(max_tries), seed_tensor(seed, dev),
+            offset_tensor(offset, dev))
+
+
 def _setting(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A scalar (0-d) or per-row setting as a tensor of ``dtype`` (process_logits broadcasts either)."""
     if isinstance(value, torch.Tensor):
@@ -186,7 +211,8 @@ def _unsigned(seed: torch.Tensor) -> int:
 
 def _declare_reference_ops() -> Dict[str, Callable]:
     """Declare ``lantern_reference::<op>`` for every op; returns op name -> its public-signature caller."""
-    from .reference import compact_kv, latent_neighbours, philox, process_logits, tree, tree_attention, verify
+    from .reference import (compact_kv, continuous_verify, latent_neighbours, philox, process_logits, tree,
+                            tree_attention, verify)
 
     def verify_kernel(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
                       draft_probs, k, delta, lam, node_budget, seed, offset):
@@ -198,8 +224,15 @@ def _declare_reference_ops() -> Dict[str, Callable]:
     def philox_kernel(seed, c0, c1, c2, c3):
         return philox.philox_uniform(_unsigned(seed), c0, c1, c2, c3)
 
+    def continuous_verify_kernel(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions, rule,
+                                 bandwidth, sigma_ratio, max_tries, seed, offset):
+        return tuple(continuous_verify.continuous_verify(
+            draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth, sigma_ratio, max_tries,
+            _unsigned(seed), int(offset), rows=rows, positions=positions))
+
     kernels = {
         "verify": verify_kernel,
+        "continuous_verify": continuous_verify_kernel,
         "latent_neighbours": latent_neighbours.latent_neighbours,
         "tree_attention": tree_attention.tree_attention,
         "compact_kv": compact_kv.compact_kv,
@@ -232,8 +265,15 @@ def _declare_reference_ops() -> Dict[str, Callable]:
     def build_tree_op(cand_tokens, cand_parents, cand_scores, root_token, n_nodes):
         return tuple(ops.build_tree(cand_tokens, cand_parents, cand_scores, root_token, int(n_nodes)))
 
+    def continuous_verify_op(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule="exact", bandwidth=1.0,
+                             sigma_ratio="paper", max_tries=1000, seed=0, offset=0, *, rows=None, positions=None):
+        return ContinuousVerifyResult(*ops.continuous_verify(*continuous_verify_args(
+            draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth, sigma_ratio, max_tries, seed,
+            offset, rows, positions)))
+
     return {
         "verify": verify_op,
+        "continuous_verify": continuous_verify_op,
         "latent_neighbours": lambda codebook, K, normalize=False: ops.latent_neighbours(codebook, int(K),
                                                                                           bool(normalize)),
         "tree_attention": ops.tree_attention,

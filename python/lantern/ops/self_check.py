@@ -270,6 +270,54 @@ def _check_philox_uniform(kernel: Callable, reference: Callable, device: torch.d
     return None
 
 
+# ---- continuous_verify (docs/cspd.md) --------------------------------------------------------------------
+
+CV_B, CV_N, CV_C = 3, 4, 3
+CONTINUOUS_RTOL = 1e-5
+CONTINUOUS_ATOL = 1e-5
+
+
+def continuous_cases(device: torch.device):
+    """(kwargs, label) continuous_verify calls on one block of multiples of 1/8: drafts near and far from the
+    target (accepts, residual tries), keys that are not (b, n), an offset that wraps; the exact rule, the
+    paper rule with the code's ratio and bandwidth, and a cap of 2 tries that some tokens hit."""
+    g = _generator()
+    shape = (CV_B, CV_N, CV_C)
+    mu_p = _ints(g, -16, 17, shape).to(torch.float32) / 8
+    mu_q = mu_p + _ints(g, -4, 5, shape).to(torch.float32) / 8
+    sigma_p = _ints(g, 2, 9, shape).to(torch.float32) / 8
+    sigma_q = _ints(g, 2, 9, shape).to(torch.float32) / 8
+    draft = mu_q + sigma_q * _ints(g, -12, 13, shape).to(torch.float32) / 8
+    logsig_p = _ints(g, -16, 17, shape[:2]).to(torch.float32) / 8
+    logsig_q = _ints(g, -16, 17, shape[:2]).to(torch.float32) / 8
+    block = dict(draft=draft, mu_p=mu_p, sigma_p=sigma_p, mu_q=mu_q, sigma_q=sigma_q, logsig_p=logsig_p,
+                 logsig_q=logsig_q, rows=torch.tensor([7, 0, 2**32 - 1]),
+                 positions=_ints(g, 0, 4096, shape[:2]), seed=2**64 - 3, offset=2**32 - 3)
+    # row 1 of the capped case: q a little wider than p, the draft in q's tail: rejected, and the residual
+    # max(0, p - q) / p is small near p's mode, so most tokens use up their 2 tries
+    near = dict(block, mu_q=mu_p.clone(), sigma_q=sigma_q.clone(), draft=draft.clone())
+    near["sigma_q"][1] = sigma_p[1] * 9 / 8
+    near["draft"][1] = mu_p[1] + 4 * near["sigma_q"][1]
+    cases = [(dict(block, rule="exact"), "exact"),
+             (dict(block, rule="paper", bandwidth=3.0, sigma_ratio="code"), "paper, code ratio"),
+             (dict(near, rule="exact", max_tries=2, offset=5), "exact, 2 tries")]
+    return [(_to(kwargs, device), label) for kwargs, label in cases]
+
+
+def _check_continuous_verify(kernel: Callable, reference: Callable, device: torch.device) -> Optional[str]:
+    for kwargs, label in continuous_cases(device):
+        want = reference(**kwargs)
+        got = kernel(**kwargs)
+        for field in want._fields:
+            if not hasattr(got, field):
+                return f"continuous_verify ({label}) returned {type(got).__name__} without a {field} field"
+            tol = (CONTINUOUS_RTOL, CONTINUOUS_ATOL) if field == "tokens" else (0.0, 0.0)
+            diff = _first_difference(field, getattr(got, field), getattr(want, field), *tol)
+            if diff is not None:
+                return f"continuous_verify ({label}): {diff}"
+    return None
+
+
 # op name -> check(kernel, reference, device) -> None or the first mismatch
 CASES: Dict[str, Callable[[Callable, Callable, torch.device], Optional[str]]] = {
     "verify": _check_verify,
@@ -277,4 +325,5 @@ CASES: Dict[str, Callable[[Callable, Callable, torch.device], Optional[str]]] = 
     "tree_attention": _check_tree_attention,
     "compact_kv": _check_compact_kv,
     "philox_uniform": _check_philox_uniform,
+    "continuous_verify": _check_continuous_verify,
 }

@@ -1,7 +1,7 @@
 """Quality of tiny-model samples: class accuracy by the shape classifier and the Frechet distance (FD) of
 its features to the procedural dataset's (an FID analogue).
 
-    python -m lantern.tiny.evaluate [--per-class 100] [--cfg-scale 3] [--top-k 0] [--png /tmp/tiny_samples.png]
+    python -m lantern.tiny.evaluate [--per-class 100] [--cfg-scale 3] [--top-k 0] [--dtype bfloat16] [--png PATH]
 
 samples ``per_class`` images of every class with ``lantern.decoding.generate_ar``, decodes them with the
 VQ, and prints class accuracy, FD to the reference set, and the FD of the same number of fresh real images
@@ -125,6 +125,8 @@ def main(argv=None) -> int:
     p.add_argument("--top-k", type=int, default=None, help="default: the model's recommended value")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the GPT's compute dtype (its weights are stored in bfloat16)")
     p.add_argument("--sweep", type=float, nargs="*", default=None, metavar="CFG",
                    help="evaluate each of these guidance scales (default list if given without values)")
     p.add_argument("--png", default=None, help="write a grid of the samples (rows = classes, first 10 per class)")
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
     from ..pretrained import TINY_DIR, load_tiny
 
     directory = Path(args.dir) if args.dir else TINY_DIR
-    tiny = load_tiny(directory=directory)
+    tiny = load_tiny(directory=directory, dtype=getattr(torch, args.dtype))
     defaults = tiny.meta.get("sampling", {})
     top_k = args.top_k if args.top_k is not None else defaults.get("top_k", 0)
     scales = ([args.cfg_scale if args.cfg_scale is not None else defaults.get("cfg_scale", 3.0)]
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
         wall = time.perf_counter() - t0
         r = evaluate_samples(images, labels, directory=directory)
         r.update(cfg_scale=scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p, seed=args.seed,
-                 sample_s=wall)
+                 sample_s=wall, dtype=args.dtype)
         results.append(r)
         worst = min(range(NUM_CLASSES), key=lambda c: r["per_class_accuracy"][c])
         print(f"cfg {scale:<4} temp {args.temperature} top_k {top_k}: accuracy {100 * r['class_accuracy']:.1f}% "

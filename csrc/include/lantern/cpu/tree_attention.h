@@ -8,13 +8,16 @@
 // are never copied) and the softmax reductions run down the columns, vectorised across rows:
 //   St = K Qt (Qt = (Q / sqrt(Dh)) transposed, built once per item),  m' = max(m, max_j St[j]),
 //   P = e^(St - m'),  l = l e^(m - m') + sum_j P[j],  O = O e^(m - m') + P^T V;   finally o = O / l.
-// Cache positions >= cache_len[b] + T are never read.
+// Cache positions >= cache_len[b] + T are never read. Non-finite inputs are never hidden: a query row whose
+// scores or attended values hold NaN or inf gets NaN in all of its output (as the reference), while values
+// it does not attend to (other branches of the tree) cannot reach it.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "lantern/cpu/clones.h"
@@ -45,7 +48,15 @@ struct AttnScratch {
   std::vector<float> acc;  // [kAttnRows, Dh] output accumulators
   std::vector<float> m, l, alpha;  // [Mp] running max, running sum, rescale factor
   std::vector<float> kt, vt;       // [kAttnTile, Dh] K / V rows converted to float32 (non-float32 caches)
+  std::vector<uint8_t> poisoned;   // [kAttnRows] the row met a non-finite score or attended value
+  std::vector<uint8_t> bad_value;  // [kAttnTile] the tile's value row j holds a non-finite element
+  std::vector<float> score_probe;  // [kAttnRows] NaN once a prefix score of the row was not finite
+  std::vector<float> value_probe;  // [Dh] NaN when a value of the tile was not finite
   void resize(int64_t Dh) {
+    poisoned.resize(kAttnRows);
+    bad_value.resize(kAttnTile);
+    score_probe.resize(kAttnRows);
+    value_probe.resize(Dh);
     qt.resize(Dh * kAttnRows);
     st.resize(kAttnTile * kAttnRows);
     acc.resize(kAttnRows * Dh);
@@ -247,10 +258,37 @@ LANTERN_ATTN_CLONES inline void attn_softmax(float* st, int64_t n, int64_t Mp, f
   }
 }
 
+// probe[i] += x[j * stride + i] * 0 for j < n, i < w: probe[i] turns NaN iff some x[j, i] is NaN or +-inf
+// (inf * 0 = NaN) and stays 0 otherwise. Elementwise across i, so it vectorises (a flag per element would
+// not); the rare non-finite element is then found by a scalar pass.
+LANTERN_ATTN_CLONES inline void attn_probe(const float* x, int64_t stride, int64_t n, int64_t w, float* probe) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < w; ++i) probe[i] += x[j * stride + i] * 0.f;
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
+
+inline bool nonfinite(float x) { return !(std::fabs(x) <= std::numeric_limits<float>::max()); }
+
+// bad[j] = value row j (of n, stride vs) holds a non-finite element.
+inline void flag_bad_values(const float* v, int64_t vs, int64_t n, int64_t Dh, uint8_t* bad) {
+  for (int64_t j = 0; j < n; ++j) {
+    bool row = false;
+    for (int64_t d = 0; d < Dh; ++d) row |= nonfinite(v[j * vs + d]);
+    bad[j] = row;
+  }
+}
+
+// The tile's value rows with non-finite elements replaced by 0 (a query that does not attend to them must
+// not get 0 x NaN), into out [n, Dh]; returns out.
+inline const float* finite_values(const float* v, int64_t vs, int64_t n, int64_t Dh, float* out) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < Dh; ++d) out[j * Dh + d] = nonfinite(v[j * vs + d]) ? 0.f : v[j * vs + d];
+  return out;
+}
 
 // Query rows [r0, r1) (r1 - r0 <= kAttnRows) of batch row b and kv head g.
 inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, int64_t r1, AttnScratch& ws) {
@@ -267,6 +305,10 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
   std::fill(ws.acc.begin(), ws.acc.begin() + Mp * Dh, 0.f);
   std::fill(ws.m.begin(), ws.m.begin() + Mp, -INFINITY);
   std::fill(ws.l.begin(), ws.l.begin() + Mp, 0.f);
+  uint8_t* poisoned = ws.poisoned.data();  // tree tiles and non-finite values flag here, prefix scores below
+  std::fill(poisoned, poisoned + M, uint8_t{0});
+  float* score_probe = ws.score_probe.data();
+  std::fill(score_probe, score_probe + Mp, 0.f);
   const int64_t L = p.cache_len[b];
   const bool f32 = p.dtype == DType::kFloat32;
   const float* kbase = f32 ? static_cast<const float*>(p.k) + b * p.k_sb + g * p.k_sh : nullptr;
@@ -295,14 +337,30 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
     }
     float* st = ws.st.data();
     attn_scores(k, ks, n, Dh, qt, Mp, st);
+    float* value_probe = ws.value_probe.data();
+    std::fill(value_probe, value_probe + Dh, 0.f);
+    attn_probe(v, vs, n, Dh, value_probe);
+    const bool any_bad_value = std::any_of(value_probe, value_probe + Dh, [](float x) { return x != x; });
+    uint8_t* bad_value = ws.bad_value.data();
+    if (any_bad_value) {  // rare: which keys, and values that cannot leak into rows not attending to them
+      flag_bad_values(v, vs, n, Dh, bad_value);
+      v = finite_values(v, vs, n, Dh, ws.vt.data());
+      vs = Dh;
+    }
     if (tree) {
       for (int64_t r = 0; r < M; ++r) {
         const int32_t* bits = p.tree_mask + (b * T + (r0 + r) % T) * p.W;  // query node t's ancestor words
         for (int64_t j = 0; j < n; ++j) {
           const int64_t node = first + j;
-          if (!((static_cast<uint32_t>(bits[node >> 5]) >> (node & 31)) & 1u)) st[j * Mp + r] = -INFINITY;
+          if (!((static_cast<uint32_t>(bits[node >> 5]) >> (node & 31)) & 1u))
+            st[j * Mp + r] = -INFINITY;
+          else
+            poisoned[r] |= nonfinite(st[j * Mp + r]) | (any_bad_value && bad_value[j]);
         }
       }
+    } else {  // every query attends to every prefix position
+      attn_probe(st, Mp, n, Mp, score_probe);
+      if (any_bad_value) std::fill(poisoned, poisoned + M, uint8_t{1});
     }
     attn_softmax(st, n, Mp, ws.m.data(), ws.l.data(), ws.alpha.data());
     attn_values(st, Mp, M, n, v, vs, Dh, ws.alpha.data(), ws.acc.data());
@@ -311,7 +369,8 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
     const int64_t h = g * G + (r0 + r) / T, t = (r0 + r) % T;
     float* ar = ws.acc.data() + r * Dh;
     const float inv = 1.f / ws.l[r];
-    for (int64_t d = 0; d < Dh; ++d) ar[d] *= inv;
+    const bool bad = poisoned[r] || score_probe[r] != score_probe[r];
+    for (int64_t d = 0; d < Dh; ++d) ar[d] = bad ? std::numeric_limits<float>::quiet_NaN() : ar[d] * inv;
     store_from_f32(ar, Dh, p.o, p.dtype, ((b * p.H + h) * T + t) * Dh);
   }
 }

@@ -30,6 +30,14 @@
 // that attends nothing at all (impossible for valid trees: a node sees itself) gets NaN, as the
 // reference's softmax over an empty set does; the final division is never by 0.
 //
+// Non-finite inputs are never hidden (as the reference and the CPU kernel): a query row with a non-finite
+// score (q or an attended key holds NaN / inf) or a non-finite value at a position it attends to is written
+// as NaN in full. A V tile with a non-finite element (the loader's threads flag it) is screened before use:
+// non-finite values become 0 (so 0 x NaN cannot reach rows that do not attend to them) and their keys are
+// stamped in bad_value_s with the tile's index (one more barrier, on that rare path only); the scoring step gives a
+// kept key with a non-finite score or a stamp of the current tile the score NaN, which makes the row's
+// running sum l NaN for good (fmaxf skips NaN, so the running max stays finite), hence its output.
+//
 // Invalid rows. Without a host sync the kernel cannot raise. A batch row with cache_len[b] < 0 or
 // cache_len[b] + T > Lmax is skipped: no K/V/q/mask element of it is read and its whole output
 // o[b] is NaN. lantern.ops.tree_attention checks cache_len on the host before dispatching here.
@@ -38,11 +46,12 @@
 // float64, float16 and bfloat16 up to +-4 registers; 0 bytes of spill stores/loads in every instance).
 // Occupancy = resident CTAs per SM (warps / 64), the tighter of the register and shared-memory limits
 // (A100 164 KiB, H100 228 KiB of shared memory per SM, 1 KiB reserved per CTA):
+// (smem/CTA: the q, K, V and P tiles; the non-finite stamps add 4 bytes per key plus 4, 260 bytes at most.)
 //   Dp   keys/tile  smem/CTA   registers sm_80 | sm_90   CTAs/SM sm_80 (A100)   CTAs/SM sm_90 (H100)
-//   32   64         23.0 KiB   84         | 80-84         5 (31%), registers     5-6 (31-38%), registers
-//   64   64         41.0 KiB   88         | 86-88         3 (19%), smem          5 (31%), both
-//   128  32         42.5 KiB   83         | 83            3 (19%), smem          5 (31%), both
-//   256  32         82.5 KiB   96         | 96            1 (6%), smem           2 (13%), smem
+//   32   64         23.3 KiB   84-86      | 86-88         5 (31%), registers     5 (31%), registers
+//   64   64         41.3 KiB   86-88      | 86-88         3 (19%), smem          5 (31%), both
+//   128  32         42.6 KiB   79-82      | 80-82         3 (19%), smem          5 (31%), both
+//   256  32         82.6 KiB   95-96      | 96            1 (6%), smem           2 (13%), smem
 // (Dp = 256 is over the default 48 KiB: the binding opts in, and refuses a GPU that cannot give it.)
 #pragma once
 
@@ -66,10 +75,11 @@ constexpr int kTreeAttnMinBlocks = 5;
 // memory stays under the default 48 KiB up to Dp = 128.
 constexpr int tree_attn_tile(int Dp) { return Dp <= 64 ? 64 : 32; }
 
-// Shared memory of one CTA, in bytes: q [kRows, Dp], K [N, Dp + 4], V [N, Dp], P [kWarps, N, 4] floats.
+// Shared memory of one CTA, in bytes: q [kRows, Dp], K [N, Dp + 4], V [N, Dp], P [kWarps, N, 4] floats, the
+// per-key stamps of non-finite values [N] and the last tile that had one, int32.
 constexpr int tree_attn_smem_bytes(int Dp) {
   const int n = tree_attn_tile(Dp);
-  return 4 * (kTreeAttnRows * Dp + n * (Dp + 4) + n * Dp + kTreeAttnWarps * n * kTreeAttnRowsPerWarp);
+  return 4 * (kTreeAttnRows * Dp + n * (Dp + 4) + n * Dp + kTreeAttnWarps * n * kTreeAttnRowsPerWarp + n + 1);
 }
 
 struct TreeAttnParams {
@@ -154,11 +164,16 @@ __device__ __forceinline__ void tree_attn_chunk_to_float<__nv_bfloat16>(uint4 ra
 
 // ---- the K/V tile copy ---------------------------------------------------------------------------------
 
+__device__ __forceinline__ bool tree_attn_nonfinite(float x) { return !(fabsf(x) <= 3.402823466e+38f); }
+
 // dst[j * ld + d] = float(src[(pos0 + j) * sl + d]) for j < N, d < Dp; zero where j >= n or d >= Dh (so
-// padded keys and columns contribute exactly 0 and never NaN). All threads of the CTA take part.
+// padded keys and columns contribute exactly 0 and never NaN). All threads of the CTA take part; returns
+// whether this thread copied a non-finite element (one flag: screening here would cost registers the
+// Dp = 256 instances do not have).
 template <typename T, int Dp, int N>
-__device__ __forceinline__ void tree_attn_load_tile(const T* __restrict__ src, int64_t sl, int n, int Dh,
+__device__ __forceinline__ bool tree_attn_load_tile(const T* __restrict__ src, int64_t sl, int n, int Dh,
                                                     bool vec, float* __restrict__ dst, int ld) {
+  bool nonfinite = false;
   if (vec) {  // Dh == Dp, 16-byte aligned rows: one 16-byte chunk of kE elements per step
     constexpr int kE = 16 / static_cast<int>(sizeof(T));
     constexpr int kChunksPerRow = Dp / kE;
@@ -168,6 +183,8 @@ __device__ __forceinline__ void tree_attn_load_tile(const T* __restrict__ src, i
       float f[kE];
       if (j < n) {
         tree_attn_chunk_to_float<T>(*reinterpret_cast<const uint4*>(src + j * sl + d0), f);
+#pragma unroll
+        for (int i = 0; i < kE; ++i) nonfinite |= tree_attn_nonfinite(f[i]);
       } else {
 #pragma unroll
         for (int i = 0; i < kE; ++i) f[i] = 0.f;
@@ -184,7 +201,23 @@ __device__ __forceinline__ void tree_attn_load_tile(const T* __restrict__ src, i
 #pragma unroll 1
     for (int c = threadIdx.x; c < N * Dp; c += kTreeAttnThreads) {
       const int j = c / Dp, d = c % Dp;
-      dst[j * ld + d] = j < n && d < Dh ? tree_attn_to_float<T>(src[j * sl + d]) : 0.f;
+      const float x = j < n && d < Dh ? tree_attn_to_float<T>(src[j * sl + d]) : 0.f;
+      nonfinite |= tree_attn_nonfinite(x);
+      dst[j * ld + d] = x;
+    }
+  }
+  return nonfinite;
+}
+
+// The rare path of a V tile [n, Dp] (row stride Dp) holding a non-finite element: each one becomes 0 and
+// stamps[j] = stamp for its key j. All threads of the CTA take part.
+template <int Dp>
+__device__ __forceinline__ void tree_attn_screen_values(float* v, int n, int* stamps, int stamp) {
+#pragma unroll 1
+  for (int c = threadIdx.x; c < n * Dp; c += kTreeAttnThreads) {
+    if (tree_attn_nonfinite(v[c])) {
+      v[c] = 0.f;
+      stamps[c / Dp] = stamp;  // every writer of a key stores the same value
     }
   }
 }
@@ -237,6 +270,8 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
   float* k_s = q_s + kTreeAttnRows * Dp;    // [N, kLdK]
   float* v_s = k_s + N * kLdK;              // [N, Dp]
   float* p_s = v_s + N * Dp;                // [kWarps, N, R] probabilities, row-fastest
+  int* bad_value_s = reinterpret_cast<int*>(p_s + kTreeAttnWarps * N * R);  // [N] tile index of a non-finite V
+  int* bad_tile_s = bad_value_s + N;  // the index of the last tile with a non-finite V element
 
   const int blk = static_cast<int>(blockIdx.x) % p.blocks_per_head, bg = static_cast<int>(blockIdx.x) / p.blocks_per_head;
   const int g = bg % p.Hkv, b = bg / p.Hkv;
@@ -270,6 +305,7 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
     live[i] = row < rows;
     mask_row[i] = live[i] ? row % p.T * p.W : 0;
   }
+  for (int j = threadIdx.x; j <= N; j += kTreeAttnThreads) bad_value_s[j] = -1;  // and bad_tile_s: no tile yet
   float m[R], l[R], acc[R][kCols];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
@@ -295,8 +331,13 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
 
     __syncthreads();  // the previous tile's K/V reads are done (and, first time, nothing to wait for)
     tree_attn_load_tile<T, Dp, N>(kbase + pos0 * p.k_sl, p.k_sl, n, p.Dh, p.vec_loads, k_s, kLdK);
-    tree_attn_load_tile<T, Dp, N>(vbase + pos0 * p.v_sl, p.v_sl, n, p.Dh, p.vec_loads, v_s, Dp);
+    if (tree_attn_load_tile<T, Dp, N>(vbase + pos0 * p.v_sl, p.v_sl, n, p.Dh, p.vec_loads, v_s, Dp))
+      *bad_tile_s = static_cast<int>(tile);
     __syncthreads();  // K, V (and, first time, q) visible to every warp
+    if (*bad_tile_s == static_cast<int>(tile)) {  // the same for the whole CTA
+      tree_attn_screen_values<Dp>(v_s, n, bad_value_s, static_cast<int>(tile));
+      __syncthreads();
+    }
 
     // Scores s[i][kk] of row i and key j = lane + 32 kk, log2 domain; -inf where masked.
     float s[R][kKeysPerLane];
@@ -329,6 +370,9 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
           keep = (word >> (node & 31)) & 1u;
         }
         if (!keep) s[i][kk] = -INFINITY;
+        // a kept key with a non-finite score or value: a NaN score makes P, then the row's sum l, NaN for good
+        // (no register to spare for a flag at Dp = 256), so the row is written as NaN
+        else if (tree_attn_nonfinite(s[i][kk]) || bad_value_s[j] == static_cast<int>(tile)) s[i][kk] = NAN;
       }
     }
 
@@ -380,7 +424,7 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
     const int row = r0 + warp * R + i, h = g * G + row / p.T, t = row % p.T;
     // l >= 1 once anything was attended (the row's max contributes 2^0), so the fast reciprocal is exact to
     // ~1 ulp there; l = 0 means the query attended nothing: NaN, like the reference's empty softmax.
-    const float inv = l[i] > 0.f ? __frcp_rn(l[i]) : __int_as_float(0x7fffffff);
+    const float inv = l[i] > 0.f ? __frcp_rn(l[i]) : __int_as_float(0x7fffffff);  // NaN l: a poisoned row
     T* out = o + ((static_cast<int64_t>(b) * p.H + h) * p.T + t) * p.Dh;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {

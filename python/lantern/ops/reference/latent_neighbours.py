@@ -35,8 +35,8 @@ _SELF_KEY = torch.iinfo(torch.int64).max  # a code is never its own neighbour
 
 def codebook_float32(codebook: torch.Tensor, normalize: bool) -> torch.Tensor:
     """[V, d] float32 rows, L2-normalised when asked."""
-    rows = codebook.detach().to(torch.float32)
-    return F.normalize(rows, p=2.0, dim=1, eps=1e-12) if normalize else rows.contiguous()
+    rows = codebook.detach().to(torch.float32).contiguous()  # the norms' rounding must not depend on the layout
+    return F.normalize(rows, p=2.0, dim=1, eps=1e-12) if normalize else rows
 
 
 def squared_distances(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ def top_p_mask(pi: torch.Tensor, top_p) -> torch.Tensor:
     inclusive = sorted_pi.to(torch.float64).cumsum(-1)
     # first sorted position of each value's tie group: everything before it is strictly larger
     first = torch.searchsorted(-sorted_pi.contiguous(), -sorted_pi.contiguous(), right=False)
+    first = first.clamp(max=pi.shape[-1] - 1)  # NaN rows (unchecked input) find no place: keep the index valid
     strictly_larger = (inclusive - sorted_pi.to(torch.float64)).gather(-1, first)
     p = row_setting(top_p, pi, torch.float64)
     keep_sorted = (strictly_larger <= p) | (p >= 1)  # top_p = 1 is "off", whatever the rounding

@@ -25,13 +25,23 @@ def attention_mask(cache_len: torch.Tensor, tree_mask: torch.Tensor, T: int, Lma
     return in_prefix[:, None, :] | (in_tree[:, None, :] & bit_at_pos)
 
 
+def poisoned_queries(scores: torch.Tensor, vals: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """scores [B, H, T, Lmax], vals [B, H, Lmax, Dh], allowed [B, T, Lmax] -> bool [B, H, T]: the queries
+    with a non-finite score (q or a key holds NaN / inf) or a non-finite value at a position they attend to."""
+    bad_score = (~torch.isfinite(scores) & allowed[:, None]).any(-1)  # [B, H, T]
+    bad_value = ~torch.isfinite(vals).all(-1)  # [B, H, Lmax]
+    return bad_score | (allowed[:, None] & bad_value[:, :, None, :]).any(-1)
+
+
 @_backend.register("reference", "tree_attention")
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_len: torch.Tensor,
                    tree_mask: torch.Tensor) -> torch.Tensor:
     """q [B, H, T, Dh], k_cache/v_cache [B, Hkv, Lmax, Dh], cache_len [B] int64, tree_mask [B, T, W] int32
     -> o [B, H, T, Dh] in q's dtype. Query head h reads kv head h // (H / Hkv) (GQA); scale 1/sqrt(Dh);
     float32 math. The tree's own keys/values are already in the cache at cache_len[b] + (0..T-1).
-    Cache positions >= cache_len[b] + T are never used: whatever they hold (even NaN) cannot reach o."""
+    Non-finite values are never hidden: a query whose scores or attended values hold NaN or inf (corrupt
+    q, K or V) gets NaN in every element of its output. Values a query does not attend to cannot reach its
+    output, whatever they hold (positions >= cache_len[b] + T, and tree nodes that are not its ancestors)."""
     B, H, T, Dh = q.shape
     Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
     group = H // Hkv
@@ -39,8 +49,9 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     vals = v_cache.to(torch.float32).repeat_interleave(group, dim=1)  # [B, H, Lmax, Dh]
     scores = torch.matmul(q.to(torch.float32), keys.transpose(-1, -2)) / math.sqrt(Dh)  # [B, H, T, Lmax]
     allowed = attention_mask(cache_len, tree_mask, T, Lmax)  # [B, T, Lmax]
-    unused = torch.arange(Lmax, device=q.device)[None, :] >= (cache_len + T)[:, None]  # [B, Lmax]
-    vals = vals.masked_fill(unused[:, None, :, None], 0.0)  # so 0 weight x garbage stays 0
+    poisoned = poisoned_queries(scores, vals, allowed)  # [B, H, T]
+    vals = torch.where(torch.isfinite(vals), vals, 0.0)  # so 0 weight x garbage stays 0
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # [B, H, T, Lmax]
-    return torch.matmul(weights, vals).to(q.dtype)
+    out = torch.matmul(weights, vals).masked_fill(poisoned[..., None], float("nan"))
+    return out.to(q.dtype)
