@@ -14,7 +14,8 @@ from lantern.models import build_mar
 SMALL = dict(img_size=16, vae_stride=4, vae_embed_dim=4, encoder_embed_dim=16, encoder_depth=1, encoder_num_heads=2,
              decoder_embed_dim=24, decoder_depth=2, decoder_num_heads=3, buffer_size=3, class_num=5, diffloss_d=2,
              diffloss_w=32, num_sampling_steps="10", attn_dropout=0.0, proj_dropout=0.0,
-             x0_clip=None)  # the reference law (unclipped x0), which the literal re-derivations follow
+             x0_clip=None,  # the reference law (unclipped x0), which the literal re-derivations follow
+             neighbour_heads=0)  # plain attention (the reference); the neighbour heads are tested on their own
 
 
 def small_mar(seed: int = 0, **overrides):
