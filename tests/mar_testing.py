@@ -14,7 +14,8 @@ from lantern.models import build_mar
 SMALL = dict(img_size=16, vae_stride=4, vae_embed_dim=4, encoder_embed_dim=16, encoder_depth=1, encoder_num_heads=2,
              decoder_embed_dim=24, decoder_depth=2, decoder_num_heads=3, buffer_size=3, class_num=5, diffloss_d=2,
              diffloss_w=32, num_sampling_steps="10", attn_dropout=0.0, proj_dropout=0.0,
-             x0_clip=None)  # the reference law (unclipped x0), which the literal re-derivations follow
+             x0_clip=None,  # the reference law (unclipped x0), which the literal re-derivations follow
+             neighbour_heads=0)  # plain attention (the reference); the neighbour heads are tested on their own
 
 
 def small_mar(seed: int = 0, **overrides):
@@ -172,8 +173,30 @@ def _silu(x):
     return x / (1 + torch.exp(-x))
 
 
-def _block(x, sd, p, heads):
-    """x [T, D] one image's rows."""
+def literal_neighbour_bias(cfg, rows, heads):
+    """The neighbour heads' attention bias [heads, T, T] for one image's rows (indices into buffer + L),
+    from its definition: head h < neighbour_heads favours the grid neighbour at OFFSETS[h] of an image
+    query, by -slope * Euclidean distance, and keeps the class slots 3 tokens away."""
+    offsets = [(-1, 0), (1, 0), (0, -1), (0, 1), (-1, -1), (1, 1), (-1, 1), (1, -1)]
+    B, side, slope = cfg.buffer_size, cfg.seq_side, cfg.neighbour_slope
+    bias = torch.zeros(heads, len(rows), len(rows), dtype=torch.float64)
+    for h in range(cfg.neighbour_heads):
+        dr, dc = offsets[h]
+        for i, qi in enumerate(rows):
+            if qi < B:
+                continue
+            qr, qc = divmod(qi - B, side)
+            for j, kj in enumerate(rows):
+                if kj < B:
+                    bias[h, i, j] = -slope * 3.0
+                else:
+                    kr, kc = divmod(kj - B, side)
+                    bias[h, i, j] = -slope * math.sqrt((kr - qr - dr) ** 2 + (kc - qc - dc) ** 2)
+    return bias
+
+
+def _block(x, sd, p, heads, bias=None):
+    """x [T, D] one image's rows; bias None or [heads, T, T] added to the scores."""
     D = x.shape[-1]
     hd = D // heads
     h = _ln(x, sd[p + "norm1.weight"], sd[p + "norm1.bias"], 1e-6)
@@ -183,6 +206,8 @@ def _block(x, sd, p, heads):
     for i in range(heads):
         sl = slice(i * hd, (i + 1) * hd)
         scores = q[:, sl] @ k[:, sl].T / math.sqrt(hd)
+        if bias is not None:
+            scores = scores + bias[i]
         outs.append(torch.softmax(scores, dim=-1) @ v[:, sl])
     x = x + _lin(torch.cat(outs, dim=1), sd, p + "attn.proj")
     h = _ln(x, sd[p + "norm2.weight"], sd[p + "norm2.bias"], 1e-6)
@@ -202,16 +227,18 @@ def literal_z(sd, cfg, tokens, mask, labels):
         x = _ln(x, sd["z_proj_ln.weight"], sd["z_proj_ln.bias"], 1e-6)
         kept = list(range(B)) + [B + i for i in range(L) if not bool(mask[n, i])]
         x = x[kept]
+        bias = literal_neighbour_bias(cfg, kept, cfg.encoder_num_heads) if cfg.neighbour_heads else None
         for i in range(cfg.encoder_depth):
-            x = _block(x, sd, f"encoder_blocks.{i}.", cfg.encoder_num_heads)
+            x = _block(x, sd, f"encoder_blocks.{i}.", cfg.encoder_num_heads, bias)
         x = _ln(x, sd["encoder_norm.weight"], sd["encoder_norm.bias"], 1e-6)
         y = _lin(x, sd, "decoder_embed")
         full = sd["mask_token"][0].repeat(B + L, 1)
         for row, index in enumerate(kept):
             full[index] = y[row]
         x = full + sd["decoder_pos_embed_learned"][0]
+        bias = literal_neighbour_bias(cfg, list(range(B + L)), cfg.decoder_num_heads) if cfg.neighbour_heads else None
         for i in range(cfg.decoder_depth):
-            x = _block(x, sd, f"decoder_blocks.{i}.", cfg.decoder_num_heads)
+            x = _block(x, sd, f"decoder_blocks.{i}.", cfg.decoder_num_heads, bias)
         x = _ln(x, sd["decoder_norm.weight"], sd["decoder_norm.bias"], 1e-6)
         out.append(x[B:] + sd["diffusion_pos_embed_learned"][0])
     return torch.stack(out)

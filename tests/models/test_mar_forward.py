@@ -36,6 +36,34 @@ def test_forward_matches_literal(model, conditional):
     torch.testing.assert_close(z, expected, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("conditional", [True, False])
+def test_neighbour_heads_match_literal(conditional):
+    """The tiny configs' neighbour heads (a fixed attention bias) against the bias written from its definition;
+    SMALL has 2 encoder and 3 decoder heads, so both the biased and the plain heads are exercised."""
+    model = small_mar(1, neighbour_heads=2, neighbour_slope=1.5).double()
+    tokens, mask = _inputs(model)
+    labels = torch.tensor([4, 0, 2]) if conditional else None
+    with torch.no_grad():
+        z = model.forward_z(tokens, mask, model.class_embedding(labels, batch=3))
+    expected = literal_z(model.state_dict(), model.config, tokens, mask, labels)
+    torch.testing.assert_close(z, expected, atol=1e-10, rtol=1e-10)
+    # negative control: the same weights without the bias give a different z
+    plain = small_mar(1).double()
+    with torch.no_grad():
+        z_plain = plain.forward_z(tokens, mask, plain.class_embedding(labels, batch=3))
+    assert (z_plain - z).abs().max() > 1e-3
+
+
+def test_neighbour_heads_validated():
+    with pytest.raises(ValueError, match="neighbour_heads"):
+        small_mar(0, neighbour_heads=3)  # SMALL's encoder has 2 heads
+    with pytest.raises(ValueError, match="neighbour_heads"):
+        small_mar(0, neighbour_heads=9, encoder_num_heads=16, decoder_num_heads=24, encoder_embed_dim=32,
+                  decoder_embed_dim=48)
+    with pytest.raises(ValueError, match="neighbour_slope"):
+        small_mar(0, neighbour_heads=1, neighbour_slope=0.0)
+
+
 def test_masked_tokens_are_invisible_known_ones_are_not(model):
     tokens, mask = _inputs(model)
     emb = model.class_embedding(torch.tensor([1, 2, 3]))

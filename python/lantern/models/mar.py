@@ -52,6 +52,10 @@ class MARConfig:
     num_sampling_steps: str = "100"
     diffusion_batch_mul: int = 4
     x0_clip: Optional[float] = None  # sampling: bound on the head's predicted x0 (None: unclipped, the reference)
+    # a fixed attention prior for the tiny configs (0: plain attention, the reference): heads 0 .. k-1 of every
+    # attention layer favour one grid neighbour each (NEIGHBOUR_OFFSETS), see ``neighbour_bias``
+    neighbour_heads: int = 0
+    neighbour_slope: float = 2.0
 
     @property
     def seq_side(self) -> int:
@@ -64,6 +68,43 @@ class MARConfig:
     @property
     def token_embed_dim(self) -> int:
         return self.vae_embed_dim * self.patch_size ** 2
+
+
+# (row, column) offsets of a query's neighbour, one per neighbour head
+NEIGHBOUR_OFFSETS = ((-1, 0), (1, 0), (0, -1), (0, 1), (-1, -1), (1, 1), (-1, 1), (1, -1))
+NEIGHBOUR_BUFFER_DISTANCE = 3.0  # how far the class slots count as from an image query in a neighbour head
+
+
+def neighbour_bias(cfg: MARConfig, num_heads: int) -> torch.Tensor:
+    """The fixed attention bias [num_heads, B + L, B + L] (query row, key row; buffer rows first) of
+    ``cfg.neighbour_heads`` > 0: in head h < neighbour_heads, an image query at grid position p scores key
+    position r with -slope * |r - (p + NEIGHBOUR_OFFSETS[h])| (Euclidean, in tokens) and the class slots with
+    -slope * NEIGHBOUR_BUFFER_DISTANCE. Buffer queries and the other heads get 0 (plain attention).
+
+    Why: MAR's attention has to learn from absolute position embeddings which known token lies where before
+    it can infer a masked token from its neighbours; on the tiny models' CPU budget it does not get there
+    (docs/mar.md, "The tiny continuous default"). One head per neighbour direction gives each a separate
+    value projection, as a 3 x 3 convolution has one weight per tap. No parameters: the state dict is MAR's."""
+    B, side = cfg.buffer_size, cfg.seq_side
+    bias = torch.zeros(num_heads, B + side * side, B + side * side, dtype=torch.float64)
+    rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    grid = torch.stack([rows.flatten(), cols.flatten()], dim=1).double()  # [L, 2]
+    for h, offset in enumerate(NEIGHBOUR_OFFSETS[: cfg.neighbour_heads]):
+        target = grid + torch.tensor(offset, dtype=torch.float64)  # [L, 2]
+        bias[h, B:, B:] = -cfg.neighbour_slope * torch.cdist(target, grid)
+        bias[h, B:, :B] = -cfg.neighbour_slope * NEIGHBOUR_BUFFER_DISTANCE
+    return bias
+
+
+def check_neighbour_heads(cfg: MARConfig) -> None:
+    k = cfg.neighbour_heads
+    if not 0 <= k <= len(NEIGHBOUR_OFFSETS):
+        raise ValueError(f"neighbour_heads must be in 0..{len(NEIGHBOUR_OFFSETS)}, got {k}")
+    if k > min(cfg.encoder_num_heads, cfg.decoder_num_heads):
+        raise ValueError(f"neighbour_heads {k} exceeds the encoder's {cfg.encoder_num_heads} or the decoder's "
+                         f"{cfg.decoder_num_heads} heads")
+    if k and not cfg.neighbour_slope > 0:
+        raise ValueError(f"neighbour_slope must be > 0, got {cfg.neighbour_slope}")
 
 
 TINY_X0_CLIP = 8.0  # in units of the latents' std: about 99.99 % of the KL-tiny training latents lie within
@@ -80,16 +121,17 @@ MAR_CONFIGS: Dict[str, MARConfig] = {
     # 50 sampling steps by default to keep CPU sampling affordable (the head is trained on all 1000, so any
     # respacing works: num_sampling_steps="100" as for the released models); x0 clipped at TINY_X0_CLIP
     # (the latents are scaled to unit std) so that the head's eps error at the last training step, which the
-    # first reverse step multiplies by about 600, cannot throw the chain off (lantern.models.diffusion)
-    "MAR-tiny": MARConfig(img_size=32, vae_stride=4, encoder_embed_dim=192, encoder_depth=3, encoder_num_heads=3,
-                          decoder_embed_dim=192, decoder_depth=3, decoder_num_heads=3, class_num=10,
+    # first reverse step multiplies by about 600, cannot throw the chain off (lantern.models.diffusion);
+    # 16-wide heads, 8 of them neighbour heads (``neighbour_bias``), the other 4 plain
+    "MAR-tiny": MARConfig(img_size=32, vae_stride=4, encoder_embed_dim=192, encoder_depth=3, encoder_num_heads=12,
+                          decoder_embed_dim=192, decoder_depth=3, decoder_num_heads=12, class_num=10,
                           buffer_size=16, diffloss_d=3, diffloss_w=192, num_sampling_steps="50",
-                          attn_dropout=0.0, proj_dropout=0.0, x0_clip=TINY_X0_CLIP),
-    # its drafter: same family and latent space, a smaller transformer and head
+                          attn_dropout=0.0, proj_dropout=0.0, x0_clip=TINY_X0_CLIP, neighbour_heads=8),
+    # its drafter: same family and latent space, a smaller transformer and head; all 8 heads neighbour heads
     "MAR-tiny-drafter": MARConfig(img_size=32, vae_stride=4, encoder_embed_dim=128, encoder_depth=2,
-                                  encoder_num_heads=2, decoder_embed_dim=128, decoder_depth=2, decoder_num_heads=2,
+                                  encoder_num_heads=8, decoder_embed_dim=128, decoder_depth=2, decoder_num_heads=8,
                                   class_num=10, buffer_size=16, diffloss_d=2, diffloss_w=128, num_sampling_steps="50",
-                                  attn_dropout=0.0, proj_dropout=0.0, x0_clip=TINY_X0_CLIP),
+                                  attn_dropout=0.0, proj_dropout=0.0, x0_clip=TINY_X0_CLIP, neighbour_heads=8),
 }
 
 
@@ -105,11 +147,13 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.attn_drop, self.proj_drop = attn_drop, nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [B, N, D]; bias None or [B or 1, H, N, N] added to the attention scores."""
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each [B, H, N, Dh]
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                             dropout_p=self.attn_drop if self.training else 0.0)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, D)))
 
 
@@ -134,8 +178,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), proj_drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), bias)
         return x + self.mlp(self.norm2(x))
 
 
@@ -146,7 +190,9 @@ class MAR(nn.Module):
         super().__init__()
         if cfg.buffer_size < 1:
             raise ValueError("buffer_size must be >= 1 (the class embedding lives in the buffer slots)")
+        check_neighbour_heads(cfg)
         self.config = cfg
+        self._bias_cache: Dict[tuple, torch.Tensor] = {}
         De, Dd, L, B, C = (cfg.encoder_embed_dim, cfg.decoder_embed_dim, cfg.seq_len, cfg.buffer_size,
                            cfg.token_embed_dim)
         blocks = lambda dim, depth, heads: nn.ModuleList(
@@ -200,6 +246,16 @@ class MAR(nn.Module):
 
     # ---- the transformer ---------------------------------------------------------------------------
 
+    def attention_bias(self, num_heads: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+        """``neighbour_bias`` [H, B + L, B + L] in like's dtype and device (cached), or None without neighbour
+        heads."""
+        if not self.config.neighbour_heads:
+            return None
+        key = (num_heads, like.device, like.dtype)
+        if key not in self._bias_cache:
+            self._bias_cache[key] = neighbour_bias(self.config, num_heads).to(device=like.device, dtype=like.dtype)
+        return self._bias_cache[key]
+
     def class_embedding(self, labels: Optional[torch.Tensor], batch: Optional[int] = None,
                         drop: Optional[torch.Tensor] = None) -> torch.Tensor:
         """labels [N] int64 -> [N, De]; labels None -> ``fake_latent`` for ``batch`` rows (unconditional);
@@ -224,8 +280,12 @@ class MAR(nn.Module):
         x = self.z_proj_ln(x)
         keep = torch.cat([torch.zeros(N, B, dtype=torch.bool, device=mask.device), mask.bool()], dim=1).logical_not()
         x = x[keep].reshape(N, -1, x.shape[-1])  # [N, B + n_known, De]
+        bias = self.attention_bias(self.config.encoder_num_heads, x)
+        if bias is not None:
+            rows = keep.nonzero(as_tuple=True)[1].reshape(N, -1)  # [N, S] the kept rows' indices
+            bias = bias[:, rows[:, :, None], rows[:, None, :]].transpose(0, 1)  # [N, H, S, S]
         for block in self.encoder_blocks:
-            x = block(x)
+            x = block(x, bias)
         return self.encoder_norm(x)
 
     def forward_decoder(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -237,8 +297,10 @@ class MAR(nn.Module):
         full = self.mask_token.to(x.dtype).expand(N, B + L, x.shape[-1]).clone()
         full[keep] = x.reshape(-1, x.shape[-1])
         x = full + self.decoder_pos_embed_learned
+        bias = self.attention_bias(self.config.decoder_num_heads, x)
+        bias = None if bias is None else bias[None]  # [1, H, B + L, B + L]
         for block in self.decoder_blocks:
-            x = block(x)
+            x = block(x, bias)
         x = self.decoder_norm(x)[:, B:]
         return x + self.diffusion_pos_embed_learned
 
