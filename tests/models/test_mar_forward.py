@@ -26,14 +26,20 @@ def _inputs(model, seed=0):
     return tokens, mask
 
 
-@pytest.mark.parametrize("conditional", [True, False])
-def test_forward_matches_literal(model, conditional):
+def _z_against_literal(model, conditional):
+    """The model's z on the test inputs, checked against the literal re-derivation -> (z, inputs, labels)."""
     tokens, mask = _inputs(model)
     labels = torch.tensor([4, 0, 2]) if conditional else None
     with torch.no_grad():
         z = model.forward_z(tokens, mask, model.class_embedding(labels, batch=3))
     expected = literal_z(model.state_dict(), model.config, tokens, mask, labels)
     torch.testing.assert_close(z, expected, atol=1e-10, rtol=1e-10)
+    return z, (tokens, mask), labels
+
+
+@pytest.mark.parametrize("conditional", [True, False])
+def test_forward_matches_literal(model, conditional):
+    _z_against_literal(model, conditional)
 
 
 @pytest.mark.parametrize("conditional", [True, False])
@@ -41,12 +47,7 @@ def test_neighbour_heads_match_literal(conditional):
     """The tiny configs' neighbour heads (a fixed attention bias) against the bias written from its definition;
     SMALL has 2 encoder and 3 decoder heads, so both the biased and the plain heads are exercised."""
     model = small_mar(1, neighbour_heads=2, neighbour_slope=1.5).double()
-    tokens, mask = _inputs(model)
-    labels = torch.tensor([4, 0, 2]) if conditional else None
-    with torch.no_grad():
-        z = model.forward_z(tokens, mask, model.class_embedding(labels, batch=3))
-    expected = literal_z(model.state_dict(), model.config, tokens, mask, labels)
-    torch.testing.assert_close(z, expected, atol=1e-10, rtol=1e-10)
+    z, (tokens, mask), labels = _z_against_literal(model, conditional)
     # negative control: the same weights without the bias give a different z
     plain = small_mar(1).double()
     with torch.no_grad():
