@@ -157,6 +157,11 @@ class Sampling:
     def guided(self) -> bool:
         return not (isinstance(self.cfg_scale, (int, float)) and self.cfg_scale == 1.0)
 
+    @property
+    def halves(self) -> int:
+        """Model rows per image: [cond; uncond] with guidance."""
+        return 2 if self.guided else 1
+
 
 class _Loop:
     """The decoding state of a batch (prefilled at construction) and its kinds of step (``step``): with a drafter,
@@ -267,10 +272,7 @@ class _Loop:
         return x.repeat(self.halves, *([1] * (x.dim() - 1)))
 
     def progress(self, max_depth: int) -> torch.Tensor:
-        """int64 [1 + max_depth]: active rows, then for d = 1..max_depth the active rows with at least d + 1
-        tokens to go."""
-        to_go = (self.L - self.n_done)[:, None] - torch.arange(max_depth + 1)  # [B, D + 1]
-        return (to_go >= 1).sum(0)
+        return _progress(self.n_done, self.L, max_depth)
 
     def sync(self, max_depth: int, last: Optional["_StepFigures"]) -> List[int]:
         """The loop's one host read per step: ``progress`` and the last step's figures together. Returns
@@ -672,16 +674,18 @@ PRIOR_STEPS = 8  # tree=auto: the acceptance prior's weight, in steps of the bat
 def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model, emb_masks=None):
     t0 = time.perf_counter()
     stats = SpecStats()
+    B = cond_idx.shape[0]
     # the prior weighs PRIOR_STEPS steps of the whole batch: a step of 10 rows is 10 trials, and two
     # unlucky steps must not outweigh a calibration's rates and turn a run to AR for good (AR steps
     # bring no acceptance data)
     acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory,
-                                 prior_rates=cost_model.acceptance, prior_weight=PRIOR_STEPS * cond_idx.shape[0])
+                                 prior_rates=cost_model.acceptance, prior_weight=PRIOR_STEPS * B)
     planner = Planner(cost_model, config.candidates(), acceptance, adapt_costs=config.adapt_costs,
                       margin=config.margin)
     max_depth = planner.max_depth
-    B = cond_idx.shape[0]
-    first = planner.choose(B * (2 if sampling.guided else 1), B, _progress_at_start(B, L, max_depth)[1:])
+    # the progress before the first step: every row has its first token
+    at_start = _progress(torch.ones(B, dtype=torch.int64), L, max_depth).tolist()
+    first = planner.choose(B * sampling.halves, B, at_start[1:])
     if first.plan.is_ar and not first.probe:
         return _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, first, stats, t0)
     compiled = CompileStats() if config.compile else None
@@ -724,9 +728,11 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
     return loop.out, stats
 
 
-def _progress_at_start(B: int, L: int, max_depth: int) -> List[int]:
-    """``_Loop.progress`` before the first step (every row has its first token): [1 + max_depth]."""
-    return [B if L - 1 - d >= 1 else 0 for d in range(max_depth + 1)]
+def _progress(n_done: torch.Tensor, L: int, max_depth: int) -> torch.Tensor:
+    """int64 [1 + max_depth]: the rows still generating (n_done [B] < L), then for d = 1..max_depth those
+    with at least d + 1 tokens to go."""
+    to_go = (L - n_done)[:, None] - torch.arange(max_depth + 1)  # [B, D + 1]
+    return (to_go >= 1).sum(0)
 
 
 def _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, decision, stats, t0):
@@ -808,7 +814,7 @@ def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasu
     plans = config.candidates()
     device = target.tok_embeddings.weight.device
     key = cache_key(device, target, drafter, _mode(config, sampling, L, plans, relaxed_acceptance(config, neighbours)))
-    rows = cond_idx.shape[0] * (2 if sampling.guided else 1)
+    rows = cond_idx.shape[0] * sampling.halves
     grid = sorted(set(CALIBRATION_ROWS) | {rows})
 
     def measure(missing, known):
@@ -847,7 +853,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     instead (``_jacobi_counts``; once per cost model, not when extending ``known``)."""
     device = target.tok_embeddings.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    halves = 2 if sampling.guided else 1
+    halves = sampling.halves
     points: Dict[str, Dict[int, float]] = {p.name: dict(known.points.get(p.name, {})) if known else {} for p in plans}
     counts = {p: ([0] * p.depth, [0] * p.depth) for p in plans if not p.is_ar}  # hits, trials per depth
     if known is None or not known.acceptance:
