@@ -2,6 +2,8 @@
 
   lantern generate   sample images with a LlamaGen-architecture model (the shipped tiny default, or
                      official checkpoints), write a PNG grid, print tokens/s (and quality for the tiny model)
+  lantern sample     many images for evaluation: torchrun data-parallel, resumable, PNGs + one .npz
+  lantern eval       quality figures of sampled images (tiny: accuracy / FD; official: FID / IS / P / R)
   lantern neighbours build (and cache) a VQ codebook's latent neighbour table
   lantern demo       verification statistics on synthetic draft trees (delta = 0 vs delta > 0)
 """
@@ -36,6 +38,18 @@ def _generate(args: argparse.Namespace) -> int:
     from .generate_cli import run_generate
 
     return run_generate(args)
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from .sampling import run_sample
+
+    return run_sample(args)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .sample_eval import run_eval
+
+    return run_eval(args)
 
 
 def _neighbours(args: argparse.Namespace) -> int:
@@ -77,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .generate_cli import add_generate_parser
 
     add_generate_parser(sub).set_defaults(func=_generate)
+    from .sample_eval import add_eval_parser
+    from .sampling import add_sample_parser
+
+    add_sample_parser(sub).set_defaults(func=_sample)
+    add_eval_parser(sub).set_defaults(func=_eval)
     nb = sub.add_parser("neighbours", help="build (and cache on disk) a VQ codebook's latent neighbour table",
                         description="Build the int32 [V, K] table of each code's K nearest codes (squared "
                                     "L2 distance, ties to the lower id) with lantern.ops.latent_neighbours, "

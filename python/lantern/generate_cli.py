@@ -17,6 +17,28 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                     "doubled batch, temperature, top-k, top-p, cfg_interval). Each grid row is one class. "
                     "Prints tokens/s; with the tiny default model also the classifier's class accuracy and "
                     "the Frechet distance to the dataset in the classifier's feature space.")
+    add_model_options(p)
+    samp = add_sampling_options(p, classes_help="class ids, one grid row each (default: every tiny class / "
+                                "LlamaGen's demo classes)")
+    samp.add_argument("--per-class", type=int, default=4, help="images per class (grid columns)")
+    run = p.add_argument_group("run")
+    spec = add_method_options(p, run)
+    spec.add_argument("--no-ar-baseline", action="store_true",
+                      help="skip the AR run (cspd: the target-only MAR run) that measures speedup_vs_ar in the "
+                           "same process")
+    run.add_argument("--batch", type=int, metavar="N", help="generate N images at a time (default: all at once); "
+                     "batch i samples with seed + i, and the AR baseline uses the same batches")
+    add_device_options(run)
+    run.add_argument("--out", default="samples.png", metavar="PATH", help="image grid to write (.png, .jpg, ...; "
+                     "its folder must exist)")
+    run.add_argument("--json", metavar="PATH", help="also write the run's figures as JSON (.json; a figure that is "
+                     "not a number, e.g. the Frechet distance of one image, is null)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """The model's source (--model and the checkpoint files; shared by generate and sample)."""
     src = p.add_argument_group("model")
     src.add_argument("--model", default="tiny", choices=["tiny", "checkpoint", "tiny-mar", "mar-checkpoint"],
                      help="'tiny': the shipped default (trained by python -m lantern.tiny.train); "
@@ -37,10 +59,12 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     mar.add_argument("--cfg-schedule", choices=["linear", "constant"], help="guidance schedule over the MAR steps "
                      "(default: the model's recommendation, linear)")
     mar.add_argument("--num-sampling-steps", help="official models: diffusion steps of the head (default 100)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, classes_help: str):
+    """--classes, --seed and the sampling settings (guidance, temperature, filters) -> the group."""
     samp = p.add_argument_group("sampling")
-    samp.add_argument("--classes", type=int, nargs="+", help="class ids, one grid row each "
-                      "(default: every tiny class / LlamaGen's demo classes)")
-    samp.add_argument("--per-class", type=int, default=4, help="images per class (grid columns)")
+    samp.add_argument("--classes", type=int, nargs="+", help=classes_help)
     samp.add_argument("--seed", type=int, default=0, help="seed of the sampling stream: same seed, same image")
     samp.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale (1 = off; default: the "
                       "model's recommended value, 4.0 for official models)")
@@ -48,7 +72,11 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     samp.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     samp.add_argument("--top-k", type=int, help="keep the top-k logits (0 = off; default: the model's, 2000 official)")
     samp.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (1 = off)")
-    run = p.add_argument_group("run")
+    return samp
+
+
+def add_method_options(p: argparse.ArgumentParser, run):
+    """--method (in ``run``) and each method's options -> the speculative-decoding group."""
     run.add_argument("--method", default="ar", choices=["ar", "spec", "lantern", "sjd", "cspd"],
                      help="ar: one target forward per token (MAR: its own loop); spec: exact speculative decoding; "
                           "lantern: relaxed acceptance over latent neighbours (faster, bounded TV); sjd: Jacobi "
@@ -82,14 +110,14 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                         "position share their random numbers across steps")
     jacobi.add_argument("--init", default="repeat", choices=["repeat", "sample"], help="fresh window slots: copy "
                         "the token to their left, or draw from the last forward's row")
-    spec.add_argument("--no-ar-baseline", action="store_true",
-                      help="skip the AR run (cspd: the target-only MAR run) that measures speedup_vs_ar in the "
-                           "same process")
     from .generate_mar_cli import add_cspd_options
 
     add_cspd_options(p)
-    run.add_argument("--batch", type=int, metavar="N", help="generate N images at a time (default: all at once); "
-                     "batch i samples with seed + i, and the AR baseline uses the same batches")
+    return spec
+
+
+def add_device_options(run) -> None:
+    """--fused, --compile, --device, --dtype."""
     run.add_argument("--fused", metavar="BACKEND", help="enable fused ops: auto | cpu | cuda | triton")
     run.add_argument("--compile", action="store_true",
                      help="target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), "
@@ -98,12 +126,6 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                      help="the GPT's compute dtype. auto: bfloat16 on a GPU, and on a CPU with native bf16 dot "
                           "products (AVX512-BF16 / AMX), else float32")
-    run.add_argument("--out", default="samples.png", metavar="PATH", help="image grid to write (.png, .jpg, ...; "
-                     "its folder must exist)")
-    run.add_argument("--json", metavar="PATH", help="also write the run's figures as JSON (.json; a figure that is "
-                     "not a number, e.g. the Frechet distance of one image, is null)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
 
 
 # options that apply to some models only (dest -> the --model values they apply to)
@@ -123,6 +145,15 @@ def check_options(args) -> None:
     """Before any model is loaded: every given option applies to the chosen model, the counts are
     positive, and the output files can be written. SystemExit naming the option otherwise. Then the
     defaults of the model options are filled in."""
+    if args.per_class < 1:
+        raise SystemExit(f"--per-class must be >= 1, got {args.per_class}")
+    check_method_options(args)
+    check_outputs(args)
+
+
+def check_method_options(args) -> None:
+    """The model and method options of ``generate`` and ``sample``: each given option applies to the chosen
+    model, the counts are positive (SystemExit naming the option otherwise); fills in the model defaults."""
     for dest, models in MODEL_OPTIONS.items():
         if getattr(args, dest, None) is not None and args.model not in models:
             flag = "--" + dest.replace("_", "-")
@@ -131,8 +162,7 @@ def check_options(args) -> None:
     for dest, value in MODEL_DEFAULTS.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, value)
-    for flag, value in (("--per-class", args.per_class), ("--depth", args.depth), ("--nodes", args.nodes),
-                        ("--window", args.window)):
+    for flag, value in (("--depth", args.depth), ("--nodes", args.nodes), ("--window", args.window)):
         if value < 1:
             raise SystemExit(f"{flag} must be >= 1, got {value}" +
                              (" (for no drafts use --method ar)" if flag == "--nodes" else ""))
@@ -142,7 +172,6 @@ def check_options(args) -> None:
         raise SystemExit("--draft sampled does not apply to --tree dynamic (EAGLE-2 drafts are each node's top "
                          "tokens); use --tree chain or static for sampled drafts")
     check_jacobi_options(args)
-    check_outputs(args)
 
 
 def check_jacobi_options(args) -> None:

@@ -1,0 +1,190 @@
+"""`lantern eval`: quality figures of a `lantern sample` folder (or any ADM-layout .npz, arr_0 uint8 [N, H, W, 3]).
+
+- tiny models (the folder's config says model tiny / tiny-mar): class accuracy of the shape classifier and
+  the Frechet distance in its feature space (``lantern.tiny.evaluate.evaluate_samples``, the figures
+  ``lantern generate`` prints).
+- official models: FID, Inception Score, precision and recall through torch-fidelity (its TF-compatible
+  Inception-v3, features "2048" for FID and precision/recall, k = 3 as the ADM suite, logits for IS), against
+  a reference batch the user gives (an .npz with arr_0 uint8 images, e.g. the ADM suite's
+  VIRTUAL_imagenet256_labeled.npz) and the Inception weights file the user gives. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+INCEPTION = "inception-v3-compat"
+INCEPTION_FILE = "pt_inception-2015-12-05-6726825d.pth"
+EXTRA_HINT = "pip install 'lantern[eval]' (or: pip install torch-fidelity==0.4.0 torchvision==0.29.1)"
+REFERENCE_HINT = ("the reference batch: an .npz whose arr_0 holds uint8 reference images [M, H, W, 3] (the ADM "
+                  "evaluation suite's, e.g. VIRTUAL_imagenet256_labeled.npz)")
+INCEPTION_HINT = (f"torch-fidelity's Inception-v3 weights ({INCEPTION_FILE}, a state dict saved by torch.save); "
+                  f"lantern never downloads it")
+
+
+def load_samples(path) -> Tuple[np.ndarray, Optional[dict]]:
+    """A sample folder (its samples.npz and config.json) or an .npz -> (uint8 [N, H, W, 3], the folder's
+    settings or None). SystemExit naming the path for anything else."""
+    from .sampling import CONFIG_FILE, NPZ_FILE
+
+    path = Path(path)
+    settings = None
+    if path.is_dir():
+        config = path / CONFIG_FILE
+        settings = json.loads(config.read_text()) if config.exists() else None
+        path = path / NPZ_FILE
+        if not path.exists():
+            raise SystemExit(f"{path} does not exist: the sample run is not finished (lantern sample ... --resume "
+                             f"completes it)")
+    images = read_npz_images(path, "samples")
+    return images, settings
+
+
+def read_npz_images(path, what: str) -> np.ndarray:
+    """arr_0 of an .npz, checked to be uint8 [N, H, W, 3]; SystemExit naming ``what`` and the path otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"{what}: {str(path)!r} is not a file")
+    try:
+        with np.load(path) as data:
+            if "arr_0" not in data.files:
+                raise SystemExit(f"{what}: {path} has no arr_0 (it holds {data.files})")
+            images = data["arr_0"]
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{what}: {path} cannot be read as an .npz ({e})") from e
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3 or len(images) == 0:
+        raise SystemExit(f"{what}: arr_0 of {path} must be uint8 [N, H, W, 3] with N >= 1, got {images.dtype} "
+                         f"{list(images.shape)}")
+    return images
+
+
+def to_model_range(images: np.ndarray) -> torch.Tensor:
+    """uint8 [N, H, W, 3] -> float [N, 3, H, W] about [-1, 1]: the middle of the range that to_uint8
+    (clamp(127.5 x + 128), truncated) maps to each value."""
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float()
+    return (x - 127.5) / 127.5
+
+
+def tiny_figures(images: np.ndarray, classes: Sequence[int]) -> dict:
+    """Class accuracy and FD of tiny-model samples; image i's class is classes[i mod len(classes)]."""
+    from .sampling import labels_of
+    from .tiny.evaluate import evaluate_samples
+
+    if images.shape[1:3] != (32, 32):
+        raise SystemExit(f"the tiny models' classifier reads 32 x 32 images, got {images.shape[1]} x {images.shape[2]}")
+    labels = labels_of(torch.arange(len(images)), classes)
+    return evaluate_samples(to_model_range(images), labels)
+
+
+class _Images(torch.utils.data.Dataset):
+    """uint8 [N, H, W, 3] -> items uint8 [3, H, W] (torch-fidelity's input)."""
+
+    def __init__(self, images: np.ndarray):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(self.images[i])).permute(2, 0, 1)
+
+
+def _fidelity():
+    try:
+        import torch_fidelity
+    except ImportError as e:
+        raise SystemExit(f"FID / IS / precision / recall need torch-fidelity, which is not installed: {EXTRA_HINT} "
+                         f"({e})") from e
+    return torch_fidelity
+
+
+def check_inception_weights(path) -> None:
+    """SystemExit unless ``path`` is a file that loads as a plain state dict with weights_only=True (so the
+    library's own torch.load of it runs no pickled code)."""
+    if path is None:
+        raise SystemExit(f"--inception PATH is needed: {INCEPTION_HINT}")
+    if not Path(path).is_file():
+        raise SystemExit(f"--inception {str(path)!r} is not a file: give {INCEPTION_HINT}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same message
+        raise SystemExit(f"--inception {path} cannot be read as a weights file ({type(e).__name__}: {e}); give "
+                         f"{INCEPTION_HINT}") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SystemExit(f"--inception {path} is not a state dict of tensors; give {INCEPTION_HINT}")
+
+
+def inception_figures(images: np.ndarray, reference: np.ndarray, weights_path: Optional[str], *,
+                      device: str = "cpu", batch: int = 64, feature_extractor: str = INCEPTION,
+                      layers: Optional[dict] = None) -> dict:
+    """FID, IS (mean, std over 10 splits), precision and recall (k = 3) of images against reference (both
+    uint8 [N, H, W, 3]) by torch-fidelity. feature_extractor / layers: another registered extractor and its
+    feature names per metric (tests use a small stand-in)."""
+    fidelity = _fidelity()
+    layers = layers or {"fid": "2048", "prc": "2048", "isc": "logits_unbiased"}
+    metrics = fidelity.calculate_metrics(
+        input1=_Images(images), input2=_Images(reference), fid=True, isc=True, prc=True,
+        feature_extractor=feature_extractor, feature_extractor_weights_path=weights_path,
+        feature_layer_fid=layers["fid"], feature_layer_prc=layers["prc"], feature_layer_isc=layers["isc"],
+        cuda=torch.device(device).type == "cuda", batch_size=batch, cache=False, verbose=False,
+        datasets_download=False)
+    return dict(fid=metrics["frechet_inception_distance"], inception_score=metrics["inception_score_mean"],
+                inception_score_std=metrics["inception_score_std"], precision=metrics["precision"],
+                recall=metrics["recall"], n=len(images), reference_n=len(reference))
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from .outputs import check_output_path, write_json
+
+    if args.json:
+        check_output_path(args.json, "--json", [".json"], "a JSON file")
+    images, settings = load_samples(args.samples)
+    metrics = args.metrics
+    if metrics == "auto":
+        model = (settings or {}).get("model")
+        metrics = "tiny" if model in ("tiny", "tiny-mar") else "inception"
+    if metrics == "tiny":
+        classes = args.classes or (settings or {}).get("classes")
+        if classes is None:
+            raise SystemExit("--classes is needed for an .npz without a sample folder's config.json (image i has "
+                             "class classes[i mod len(classes)])")
+        figures = tiny_figures(images, classes)
+        print(f"{figures['n']} images: classifier accuracy {100 * figures['class_accuracy']:.1f}%  Frechet distance "
+              f"{figures['fd']:.2f} (real-image floor at this n: {figures.get('fd_real_floor', float('nan')):.2f})")
+    else:
+        if args.reference is None:
+            raise SystemExit(f"--reference PATH is needed for FID / IS / precision / recall: {REFERENCE_HINT}")
+        reference = read_npz_images(args.reference, "--reference")
+        check_inception_weights(args.inception)
+        _fidelity()
+        figures = inception_figures(images, reference, args.inception, device=args.device, batch=args.batch)
+        print(f"{figures['n']} images vs {figures['reference_n']} reference: FID {figures['fid']:.2f}  IS "
+              f"{figures['inception_score']:.2f}  precision {figures['precision']:.3f}  recall {figures['recall']:.3f}")
+    figures["metrics"] = metrics
+    figures["samples"] = str(args.samples)
+    if args.json:
+        write_json(args.json, figures)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def add_eval_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("eval", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       help="quality of sampled images: tiny models' accuracy / FD, official models' FID / IS / "
+                            "precision / recall (user-supplied reference batch and Inception weights)",
+                       description=__doc__, )
+    p.add_argument("samples", metavar="PATH", help="a lantern sample folder, or an .npz with arr_0 uint8 [N, H, W, 3]")
+    p.add_argument("--metrics", default="auto", choices=["auto", "tiny", "inception"],
+                   help="auto: tiny for the tiny models' folders, inception otherwise")
+    p.add_argument("--classes", type=int, nargs="+", help="tiny metrics of a bare .npz: classes cycled over the ids")
+    p.add_argument("--reference", metavar="NPZ", help=f"inception metrics: {REFERENCE_HINT}")
+    p.add_argument("--inception", metavar="PATH", help=f"inception metrics: {INCEPTION_HINT}")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch", type=int, default=64, help="images per Inception forward")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    return p
