@@ -1,6 +1,6 @@
 """Train the tiny continuous-token default on CPU, in one command:
 
-    python -m lantern.tiny_mar.train [--out DIR] [--minutes-budget 80] [--threads 1]
+    python -m lantern.tiny_mar.train [--out DIR] [--minutes-budget 70] [--threads 2]
 
 Stages: (a) the KL-tiny autoencoder on the procedural shapes (mse + l1 reconstruction + a small KL to N(0, 1)),
 (b) the posterior (mean, std) of every training image and the latent scale (1 / std of posterior samples,
@@ -17,12 +17,12 @@ defaults). Load them with ``lantern.tiny_mar.load_tiny_mar()``.
 
 Seeded: the same command with the same thread count gives the same weights. Float32 throughout (bf16
 autocast measured about 17x slower than float32 on the project's CPU). ``--minutes-budget`` scales the step
-counts of the three trainings so that the whole run fits about that many minutes; the default plan is
-estimated from per-step times measured at one thread on the shared 2-core machine (another process busy on
-the other core): data 0.3 min, VAE 600 x 0.75 s = 7.5 min, posteriors about 3 min, target 1200 x 2.2 s =
-44 min, drafter 1000 x 0.6 s = 10 min, evaluation about 14 min (0.46 s per target image and 0.18 s per
-drafter image at 16 MAR steps, 50 diffusion steps and guidance: 300 + 1000 target and 1000 drafter
-samples, then the batch 1 / 16 timings) -- about 80 minutes in all.
+counts of the three trainings so that the whole run fits about that many minutes. The default plan took 69.5
+minutes at ``--threads 2`` on the shared 2-core machine (2026-11-25): data 0.1 min, VAE 600 steps 3.4 min,
+posteriors 0.9 min, target 3000 steps 49.1 min (1.3 steps/s when the machine was otherwise idle, about 3x
+slower while a test suite ran beside it), drafter 2000 steps 10.1 min, evaluation 5.8 min (300 + 1000 target
+and 1000 drafter samples at 16 MAR steps, 50 diffusion steps and guidance, then the batch 1 / 16 timings).
+The target got 3000 steps because 1200 left its samples' FD at 11.5 (docs/mar.md).
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ from tqdm import tqdm
 from ..tiny.data import CLASS_NAMES, DEFAULT_SEED, make_dataset
 from ..tiny.train import override_plan
 
-DEFAULT_BUDGET_MINUTES = 80.0  # the default plan's estimate (module docstring)
-FIXED_MINUTES = 18.0  # data, posteriors and evaluation: not scaled by --minutes-budget
+DEFAULT_BUDGET_MINUTES = 70.0  # the default plan at --threads 2, measured (module docstring)
+FIXED_MINUTES = 7.0  # data, posteriors and evaluation: not scaled by --minutes-budget
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class Plan:
     vae_l1: float = 1.0
     vae_kl: float = 1e-4  # weight of the mean KL per latent element against the per-pixel reconstruction
     # (c) target, (d) drafter
-    mar_steps: int = 1200
-    drafter_steps: int = 1000
+    mar_steps: int = 3000
+    drafter_steps: int = 2000
     mar_batch: int = 64
     mar_lr: float = 1e-3
     mar_warmup: int = 100
@@ -275,8 +275,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(TINY_MAR_DIR), help="output directory (default: the shipped weights' place)")
     p.add_argument("--minutes-budget", type=float, default=DEFAULT_BUDGET_MINUTES,
-                   help="scale the training step counts so that the run takes about this many minutes (default "
-                        "plan: %(default)s; data, posteriors and evaluation take about 18 of them whatever the budget)")
+                   help="scale the training step counts so that the run takes about this many minutes at --threads 2 "
+                        "(default plan: %(default)s; data, posteriors and evaluation take about 7 of them whatever the "
+                        "budget)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: independent of the core count)")
     p.add_argument("--tiny-dir", default=None, help="the tiny GPT's weights directory, for the classifier and the FD "
                    "reference (default: python/lantern/weights/tiny)")
