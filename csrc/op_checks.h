@@ -132,14 +132,14 @@ inline void check_counter_tensor(const at::Tensor& t, const char* name, const at
 // logits [B, T, V] float; tokens, parents int64 [B, T]; neighbours int32 [V, K] (required when k > 0);
 // uncond_logits, draft_probs like logits; cfg_scale, temperature [B] in the compute type (float64 for
 // float64 logits, else float32); top_k int64 [B];
-// top_p float64 [B]; 0 <= k <= K; seed, offset one-element int64. Values (token ids, tree order, neighbour
-// ids) are checked by the kernel as it reads them.
+// top_p float64 [B]; 0 <= k <= K; seed, offset one-element int64; rows int64 [B] or None. Values (token ids,
+// tree order, neighbour ids) are checked by the kernel as it reads them.
 inline VerifyDims check_verify(const at::Tensor& logits, const at::Tensor& tokens, const at::Tensor& parents,
                                const std::optional<at::Tensor>& neighbours,
                                const std::optional<at::Tensor>& uncond_logits, const at::Tensor& cfg_scale,
                                const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
                                const std::optional<at::Tensor>& draft_probs, int64_t k, const at::Tensor& seed,
-                               const at::Tensor& offset) {
+                               const at::Tensor& offset, const std::optional<at::Tensor>& rows) {
   TORCH_CHECK_VALUE(logits.dim() == 3 && logits.size(1) >= 1 && logits.size(2) >= 1,
                     "verify: logits must have shape [B, T, V] with T, V >= 1, got ", logits.sizes());
   check_float_block(logits, "logits", logits);
@@ -160,6 +160,13 @@ inline VerifyDims check_verify(const at::Tensor& logits, const at::Tensor& token
   check_row_setting(top_p, "top_p", at::kDouble, B, logits);
   check_counter_tensor(seed, "seed", logits);
   check_counter_tensor(offset, "offset", logits);
+  if (rows) {
+    TORCH_CHECK_TYPE(rows->scalar_type() == at::kLong, "verify: rows must be int64, got ", rows->scalar_type());
+    TORCH_CHECK_VALUE(rows->dim() == 1 && rows->size(0) == B, "verify: rows must have shape [", B, "], got ",
+                      rows->sizes());
+    TORCH_CHECK_VALUE(rows->device() == logits.device(), "verify: rows must be on ", logits.device(), ", got ",
+                      rows->device());
+  }
   int64_t K = 0;
   if (neighbours) {
     TORCH_CHECK_TYPE(neighbours->scalar_type() == at::kInt, "verify: neighbours must be int32, got ",

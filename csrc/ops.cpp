@@ -18,12 +18,14 @@ TORCH_LIBRARY(lantern, m) {
   // float32); tokens, parents int64 [B, T]; neighbours int32 [V, K] (needed when k > 0); uncond_logits and
   // draft_probs like logits; per-row settings cfg_scale, temperature float32 [B], top_k int64 [B], top_p
   // float64 [B]; lam given = lambda mode; node_budget = budget "node"; seed, offset one-element int64 (seed's
-  // 64 bits; offset taken modulo 2^32). Returns (accept_len [B] int64, path [B, T-1] int64 (-1 padded),
+  // 64 bits; offset taken modulo 2^32); rows int64 [B] or None: the Philox counter's row word of each row
+  // (taken modulo 2^32; None: the row index b). Returns (accept_len [B] int64, path [B, T-1] int64 (-1 padded),
   // next_token [B] int64, node_status [B, T] int8: 1 accepted / passed, 0 rejected, -1 not tested).
   m.def(
       "verify(Tensor logits, Tensor tokens, Tensor parents, Tensor? neighbours, Tensor? uncond_logits, "
       "Tensor cfg_scale, Tensor temperature, Tensor top_k, Tensor top_p, Tensor? draft_probs, int k, float delta, "
-      "float? lam, bool node_budget, Tensor seed, Tensor offset) -> (Tensor, Tensor, Tensor, Tensor)");
+      "float? lam, bool node_budget, Tensor seed, Tensor offset, Tensor? rows=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   // SPEC §2. codebook [V, d] float -> int32 [V, K]: the K nearest other codes of each code by (float32 squared
   // distance, index), nearest first; rows L2-normalised first when normalize.
   m.def("latent_neighbours(Tensor codebook, int K, bool normalize) -> Tensor");

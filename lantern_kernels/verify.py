@@ -314,7 +314,7 @@ def _race(p_row, V, seed, node, row, offset, BLOCK_V: tl.constexpr):
 
 @_device
 def _sampling_walk(lc_row, lu_row, draft_row, tok_row, par_row, nbrs, p_row, q_row, status_row, path_row,
-                   T, V, K, k, delta, lam_m1, cfg, temperature, top_k, top_p, seed, row, offset,
+                   T, V, K, k, delta, lam_m1, cfg, temperature, top_k, top_p, seed, row_key, offset,
                    HAS_UNCOND: tl.constexpr, SAMPLED: tl.constexpr, LAMBDA: tl.constexpr,
                    NODE_BUDGET: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr):
     """SPEC §3; returns (accept_len, next_token)."""
@@ -354,7 +354,7 @@ def _sampling_walk(lc_row, lu_row, draft_row, tok_row, par_row, nbrs, p_row, q_r
             if k > 0:
                 merged, mass = _merge(p_row, nbr_row, k, V, budget, BLOCK_K)
             p_tilde = p_x + mass
-            u = _uniform(seed, accept_c0, c.to(tl.uint32), row.to(tl.uint32), offset)
+            u = _uniform(seed, accept_c0, c.to(tl.uint32), row_key.to(tl.uint32), offset)
             if SAMPLED:
                 accept = u * tl.load(q_row + x) < p_tilde
             else:
@@ -386,7 +386,7 @@ def _sampling_walk(lc_row, lu_row, draft_row, tok_row, par_row, nbrs, p_row, q_r
                 moved = moved + undecided * mass
                 undecided = undecided * total
                 has_mass = (total > 0).to(tl.int32)
-    return accepted, _race(p_row, V, seed, node, row, offset, BLOCK_V)
+    return accepted, _race(p_row, V, seed, node, row_key, offset, BLOCK_V)
 
 
 @_device
@@ -494,9 +494,9 @@ def _greedy_walk(lc_row, lu_row, tok_row, par_row, nbrs, p_row, depth_row, statu
 
 @triton.jit
 def _verify_kernel(logits, uncond, draft, tokens, parents, nbrs, cfg_scale, temperature, top_k, top_p, seed_ptr,
-                   offset_ptr, p_scratch, q_scratch, depth_scratch, accept_len, path, next_token, status,
+                   offset_ptr, row_keys, p_scratch, q_scratch, depth_scratch, accept_len, path, next_token, status,
                    T, V, K, k, delta, lam_m1,
-                   HAS_UNCOND: tl.constexpr, SAMPLED: tl.constexpr, LAMBDA: tl.constexpr,
+                   HAS_UNCOND: tl.constexpr, SAMPLED: tl.constexpr, LAMBDA: tl.constexpr, HAS_ROWS: tl.constexpr,
                    NODE_BUDGET: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLOCK_T: tl.constexpr, BITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -513,6 +513,10 @@ def _verify_kernel(logits, uncond, draft, tokens, parents, nbrs, cfg_scale, temp
     offset = (tl.load(offset_ptr) & 0xFFFFFFFF).to(tl.uint32)
     cfg = tl.load(cfg_scale + row)
     temp = tl.load(temperature + row)
+    if HAS_ROWS:  # the counter's row word: the caller's key, or the row index
+        row_key = tl.load(row_keys + row) & 0xFFFFFFFF
+    else:
+        row_key = row
 
     t_offs = tl.arange(0, BLOCK_T)
     tl.store(status_row + t_offs, tl.full((BLOCK_T,), -1, tl.int8), mask=t_offs < T)
@@ -525,7 +529,7 @@ def _verify_kernel(logits, uncond, draft, tokens, parents, nbrs, cfg_scale, temp
     else:
         n, token = _sampling_walk(lc_row, lu_row, draft_row, tok_row, par_row, nbrs, p_row, q_row, status_row,
                                   path_row, T, V, K, k, delta, lam_m1, cfg, temp, tl.load(top_k + row),
-                                  tl.load(top_p + row), seed, row, offset, HAS_UNCOND, SAMPLED, LAMBDA, NODE_BUDGET,
+                                  tl.load(top_p + row), seed, row_key, offset, HAS_UNCOND, SAMPLED, LAMBDA, NODE_BUDGET,
                                   BLOCK_V, BLOCK_K, BITS)
     tl.store(accept_len + row, n)
     tl.store(next_token + row, token)
@@ -538,8 +542,9 @@ _autotuned = triton.autotune(GPU_CONFIGS, key=["V", "HAS_UNCOND", "SAMPLED"])(_v
 
 
 def _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs, k,
-         delta, lam, node_budget, seed, offset, radix_bits: int):
-    """One launch for the batch, with the schema's arguments (settings [B], seed / offset 0-d int64)."""
+         delta, lam, node_budget, seed, offset, rows, radix_bits: int):
+    """One launch for the batch, with the schema's arguments (settings [B], seed / offset 0-d int64, rows
+    int64 [B] or None)."""
     B, T, V = logits.shape
     dev = logits.device
     logits = logits.contiguous()
@@ -559,10 +564,11 @@ def _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperat
     depth_scratch = torch.empty(B, T, dtype=torch.int32, device=dev)
     lam_m1 = float(lam) - 1.0 if lam is not None else 0.0
     args = (logits, uncond, draft, tokens.contiguous(), parents.contiguous(), nbrs, cfg_scale.contiguous(),
-            temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), seed, offset, p_scratch, q_scratch,
+            temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), seed, offset,
+            rows.contiguous() if rows is not None else accept_len, p_scratch, q_scratch,
             depth_scratch, accept_len, path, next_token, status, T, V, K, k, float(delta), lam_m1)
     flags = dict(HAS_UNCOND=uncond_logits is not None, SAMPLED=draft_probs is not None, LAMBDA=lam is not None,
-                 NODE_BUDGET=node_budget and lam is None, BLOCK_K=triton.next_power_of_2(max(1, min(k, MAX_BLOCK_K))),
+                 HAS_ROWS=rows is not None, NODE_BUDGET=node_budget and lam is None, BLOCK_K=triton.next_power_of_2(max(1, min(k, MAX_BLOCK_K))),
                  BLOCK_T=triton.next_power_of_2(T), BITS=radix_bits)
     if _interpreting():  # one config: the interpreter runs every program in Python
         with np.errstate(divide="ignore", invalid="ignore"):  # tl.where evaluates both sides (e / 0 masked)
@@ -573,10 +579,10 @@ def _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperat
 
 
 def _launch(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs,
-            k, delta, lam, node_budget, seed, offset):
+            k, delta, lam, node_budget, seed, offset, rows=None):
     """The op's kernel: ``_run`` with this device's radix digit width."""
     return _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
-                draft_probs, k, delta, lam, node_budget, seed, offset, RADIX_BITS)
+                draft_probs, k, delta, lam, node_budget, seed, offset, rows, RADIX_BITS)
 
 
 library.declare_triton("verify", _launch, _interpreting())
@@ -584,14 +590,14 @@ library.declare_triton("verify", _launch, _interpreting())
 
 def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
            top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam=None, budget="candidate", seed=0,
-           offset=0, radix_bits=None) -> VerifyResult:
+           offset=0, rows=None, radix_bits=None) -> VerifyResult:
     """The Triton verify (the op ``lantern_triton::verify``, one launch for the batch); see
     ``lantern.ops.verify``. Computes in float32 for every logits dtype.
 
     ``radix_bits`` (4 or 8; a testing hook, not part of the public op) overrides the radix digit width: the
     kernel is then launched directly, not through the op."""
     args = library.verify_args(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k,
-                               top_p, draft_probs, k, delta, lam, budget, seed, offset, torch.float32)
+                               top_p, draft_probs, k, delta, lam, budget, seed, offset, torch.float32, rows)
     if radix_bits is not None:
         return VerifyResult(*_run(*args, radix_bits))
     return VerifyResult(*torch.ops.lantern_triton.verify(*args))

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from lantern import sampling
-from lantern.sampling import SampleFolder, block_ids, block_seed, labels_of, rank_blocks, sample
+from lantern.sampling import SampleFolder, block_ids, labels_of, rank_blocks, sample
 
 TINY_AR = ["--num-images", "6", "--batch", "2", "--seed", "5", "--no-progress"]
 TINY_LANTERN = ["--method", "lantern", "--k", "100", "--tree", "chain", "--depth", "3", "--num-images", "4",
@@ -68,17 +68,16 @@ def test_rank_shares_are_disjoint_and_cover_every_block(world):
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
-def test_block_ids_labels_and_seeds():
+def test_block_ids_and_labels():
     assert block_ids(2, 7, 3).tolist() == [6]
     assert torch.cat([block_ids(j, 10, 4) for j in range(3)]).tolist() == list(range(10))
     assert labels_of(torch.arange(7), [3, 1, 4]).tolist() == [3, 1, 4, 3, 1, 4, 3]
-    seeds = {block_seed(s, j) for s in range(4) for j in range(50)}
-    assert len(seeds) == 200 and all(0 <= s < 2**64 for s in seeds)
-    assert block_seed(0, 1) != block_seed(1, 0)  # nearby jobs share no block stream
 
 
-def test_discrete_blocks_are_generate_calls_with_block_seeds(tmp_path):
-    """Block j of a discrete run is lantern.generate on its ids' labels with seed block_seed(seed, j)."""
+def test_discrete_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
+    """Block j of a discrete run is lantern.generate on its ids' labels with the job's seed and image_ids = its
+    ids. Negative control: the same call keyed by row (image_ids=None, the batch's rows 0..b-1) gives other
+    images for the second block."""
     from lantern.decoding import generate_ar
     from lantern.pretrained import load_tiny
 
@@ -87,15 +86,36 @@ def test_discrete_blocks_are_generate_calls_with_block_seeds(tmp_path):
     with np.load(npz) as data:
         images = data["arr_0"]
     tiny = load_tiny("cpu")
+    side = tiny.gpt.config.grid_size
+    decode = lambda tokens: tiny.vq.to_uint8(tiny.vq.decode_codes(tokens, side, side)).numpy()  # noqa: E731
+    cfg = tiny.meta["sampling"]["cfg_scale"]
     for j in range(2):
         ids = block_ids(j, 3, 2)
-        tokens = generate_ar(tiny.gpt, labels_of(ids, [4, 9]), cfg_scale=tiny.meta["sampling"]["cfg_scale"],
-                             seed=block_seed(7, j))
-        side = tiny.gpt.config.grid_size
-        expected = tiny.vq.to_uint8(tiny.vq.decode_codes(tokens, side, side)).numpy()
-        assert np.array_equal(images[ids.numpy()], expected)
+        tokens = generate_ar(tiny.gpt, labels_of(ids, [4, 9]), cfg_scale=cfg, seed=7, image_ids=ids)
+        assert np.array_equal(images[ids.numpy()], decode(tokens))
+    by_row = generate_ar(tiny.gpt, labels_of(block_ids(1, 3, 2), [4, 9]), cfg_scale=cfg, seed=7)
+    assert not np.array_equal(images[2:], decode(by_row))
     for i in range(3):  # each PNG is its image, losslessly
         assert np.array_equal(np.asarray(Image.open(tmp_path / "run" / "images" / f"{i:06d}.png")), images[i])
+
+
+@pytest.mark.parametrize("method,batches", [("ar", (1, 4)), ("lantern", (2, 3)), ("sjd", (1, 4))])
+def test_discrete_images_do_not_depend_on_the_batch(tmp_path, method, batches):
+    """Every draw is keyed by (seed, image id): two batch sizes give the same images (the fused cpu kernels in
+    float32 compute each row's logits alike whatever the batch, docs/sampling.md)."""
+    torch.set_num_threads(1)
+    options = dict(method=method, seed=4, num_images=4, no_progress=True, fused="cpu")
+    if method != "ar":
+        options.update(tree="chain", depth=3, k=100)
+    if method == "sjd":
+        options.update(window=4, k=0)
+    runs = []
+    for batch in batches:
+        npz = sample(tmp_path / f"b{batch}", batch=batch, **options)
+        with np.load(npz) as data:
+            runs.append(data["arr_0"])
+    assert np.array_equal(*runs)
+    assert not np.array_equal(runs[0][:2], runs[0][2:])  # the images differ from one another
 
 
 # ---------------------------------------------------------------------------------------------- processes

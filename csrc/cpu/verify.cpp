@@ -45,7 +45,7 @@ void raise_row_error(const lantern::cpu::VerifyStatus& s, int64_t b, int64_t k, 
 }
 
 struct VerifyTensors {
-  at::Tensor lc, lu, dr, tok, par, nb, cfg, temp, tk, tp;  // contiguous inputs (lu, dr, nb may be undefined)
+  at::Tensor lc, lu, dr, tok, par, nb, cfg, temp, tk, tp, rows;  // contiguous inputs (lu, dr, nb, rows: optional)
   at::Tensor accept_len, path, next_token, status;         // outputs
 };
 
@@ -63,6 +63,7 @@ void verify_rows(const VerifyTensors& t, const lantern::VerifyDims& d, int64_t k
   const Real* temp = t.temp.data_ptr<Real>();      // [B]
   const int64_t* tk = t.tk.data_ptr<int64_t>();    // [B]
   const double* tp = t.tp.data_ptr<double>();      // [B]
+  const int64_t* row_keys = t.rows.defined() ? t.rows.data_ptr<int64_t>() : nullptr;  // [B] or none: b
   int64_t* acc = t.accept_len.data_ptr<int64_t>();  // [B]
   int64_t* next = t.next_token.data_ptr<int64_t>();  // [B]
   int64_t* path = t.path.data_ptr<int64_t>();        // [B, T - 1]
@@ -76,7 +77,7 @@ void verify_rows(const VerifyTensors& t, const lantern::VerifyDims& d, int64_t k
         t.dr.defined() ? block(t.dr, b, T * V) : lantern::cpu::RowBlock{nullptr, DType::kFloat32},
         tok + b * T, par + b * T, nb, T, V, d.K,
         lantern::cpu::TargetSettings<Real>{cfg[b], temp[b], tk[b], tp[b]},
-        relax, seed, offset, static_cast<uint32_t>(b)};
+        relax, seed, offset, static_cast<uint32_t>(row_keys ? row_keys[b] : b)};
     errors[b] = walker.run(row, {acc + b, path + b * path_width, next + b, status + b * T});
   };
   if (B < at::get_num_threads() && !at::in_parallel_region()) {
@@ -100,9 +101,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cpu(
     const std::optional<at::Tensor>& neighbours, const std::optional<at::Tensor>& uncond_logits,
     const at::Tensor& cfg_scale, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
     const std::optional<at::Tensor>& draft_probs, int64_t k, double delta, std::optional<double> lam,
-    bool node_budget, const at::Tensor& seed, const at::Tensor& offset) {
+    bool node_budget, const at::Tensor& seed, const at::Tensor& offset, const std::optional<at::Tensor>& rows) {
   const auto d = lantern::check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature,
-                                       top_k, top_p, draft_probs, k, seed, offset);
+                                       top_k, top_p, draft_probs, k, seed, offset, rows);
   const int64_t B = d.B, T = d.T;
   const auto i64 = logits.options().dtype(at::kLong);
   VerifyTensors t{logits.contiguous(),
@@ -115,6 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cpu(
                   temperature.contiguous(),
                   top_k.contiguous(),
                   top_p.contiguous(),
+                  rows ? rows->contiguous() : at::Tensor(),
                   at::empty({B}, i64),
                   at::empty({B, T > 1 ? T - 1 : 0}, i64),
                   at::empty({B}, i64),

@@ -34,7 +34,7 @@ using lantern::cuda::kVerifyThreads;
 using lantern::cuda::VerifyParams;
 
 struct VerifyTensors {
-  at::Tensor lc, lu, dr, tok, par, nb, cfg, temp, tk, tp, seed, offset;  // inputs (lu, dr, nb may be undefined)
+  at::Tensor lc, lu, dr, tok, par, nb, cfg, temp, tk, tp, seed, offset, rows;  // inputs (lu, dr, nb, rows: optional)
   at::Tensor l, p, q, tree;                                              // scratch
   at::Tensor accept_len, path, next_token, status;                       // outputs
 };
@@ -60,6 +60,7 @@ void launch(const VerifyTensors& t, const lantern::VerifyDims& d, int64_t k, dou
   P.top_p = t.tp.data_ptr<double>();
   P.seed = t.seed.data_ptr<int64_t>();
   P.offset = t.offset.data_ptr<int64_t>();
+  P.rows = t.rows.defined() ? t.rows.data_ptr<int64_t>() : nullptr;
   P.relax = {static_cast<int32_t>(k), static_cast<Real>(delta), lam ? static_cast<Real>(*lam - 1.0) : Real(0),
              lam.has_value(), node_budget};
   P.B = d.B;
@@ -94,10 +95,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cuda(
     const std::optional<at::Tensor>& neighbours, const std::optional<at::Tensor>& uncond_logits,
     const at::Tensor& cfg_scale, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
     const std::optional<at::Tensor>& draft_probs, int64_t k, double delta, std::optional<double> lam,
-    bool node_budget, const at::Tensor& seed, const at::Tensor& offset) {
+    bool node_budget, const at::Tensor& seed, const at::Tensor& offset, const std::optional<at::Tensor>& rows) {
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto d = lantern::check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature,
-                                       top_k, top_p, draft_probs, k, seed, offset);
+                                       top_k, top_p, draft_probs, k, seed, offset, rows);
   TORCH_CHECK_VALUE(logits.is_cuda(), "verify: logits must be a CUDA tensor, got ", logits.device());
   TORCH_CHECK_VALUE(d.B <= int64_t{0x7fffffff}, "verify: B = ", d.B, " exceeds the CUDA grid limit");
   const int64_t B = d.B, T = d.T, V = d.V;
@@ -123,6 +124,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cuda(
                   top_p.contiguous(),
                   seed,
                   offset,
+                  rows ? rows->contiguous() : at::Tensor(),
                   at::empty({B, V}, opts.dtype(real)),                     // l
                   at::empty({B, V}, opts.dtype(real)),                     // p
                   draft_probs ? at::empty({B, V}, opts.dtype(real)) : at::Tensor(),  // q

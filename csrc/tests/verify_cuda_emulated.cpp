@@ -114,6 +114,10 @@ void walk_case(uint64_t seed, Counts& n) {
   const int64_t seed_bits = static_cast<int64_t>(r.g()), offset = static_cast<int64_t>(r.g() % 100000);
   const int64_t W = T > 1 ? T - 1 : 0;
   constexpr DType dt = dtype_of<Real>();
+  // half the cases key the rows' Philox streams by arbitrary 32-bit words (verify's rows), else by b
+  const bool keyed = r.unit() < 0.5;
+  std::vector<int64_t> row_keys(B);
+  for (int64_t b = 0; b < B; ++b) row_keys[b] = keyed ? static_cast<int64_t>(r.g() & 0xFFFFFFFFu) : b;
 
   std::vector<int64_t> acc_c(B), next_c(B), path_c(B * W + 1);
   std::vector<int8_t> status_c(B * T);
@@ -126,7 +130,7 @@ void walk_case(uint64_t seed, Counts& n) {
                                             tokens.data() + b * T, parents.data() + b * T, k > 0 ? nb.data() : nullptr,
                                             T, V, K, {cfg[b], temp[b], top_k[b], top_p[b]}, relax,
                                             static_cast<uint64_t>(seed_bits), static_cast<uint32_t>(offset),
-                                            static_cast<uint32_t>(b)};
+                                            static_cast<uint32_t>(row_keys[b])};
     err[b] = walker.run(row, {&acc_c[b], path_c.data() + b * W, &next_c[b], status_c.data() + b * T}).error;
   }
 
@@ -147,6 +151,7 @@ void walk_case(uint64_t seed, Counts& n) {
   P.top_p = top_p.data();
   P.seed = &seed_bits;
   P.offset = &offset;
+  P.rows = keyed ? row_keys.data() : nullptr;
   P.relax = relax;
   P.B = B;
   P.T = T;

@@ -2,10 +2,10 @@
 ``.npz`` that the ADM evaluation suite reads (docs/sampling.md).
 
 Image ids 0..N-1 are cut into blocks of ``batch`` consecutive ids; block j goes to rank j mod world_size and
-is generated as one batch. Image i has class ``classes[i mod len(classes)]``. The discrete methods sample
-block j with the seed ``block_seed(seed, j)`` (row i - j * batch of that batch); the MAR methods key every
-random number by the image id itself. So an image depends on the settings (the batch size included), never
-on the world size, the rank, the order the blocks run in, or a restart.
+is generated as one batch. Image i has class ``classes[i mod len(classes)]``. Every method keys its random
+numbers by the job's seed and the image id itself (``lantern.generate``'s ``image_ids``), so an image depends
+on the settings, never on the batch size, the world size, the rank, the order the blocks run in, or a
+restart. The batch size stays in config.json as the folder's block layout (shard j holds block j).
 
 Layout of DIR: config.json (the settings), images/<id>.png, shards/<block>.npz (ids, uint8 images: a
 block's completion mark, written last and atomically), runs/run-<k>.json (one per run: tau, forwards, wall
@@ -29,9 +29,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-FORMAT = 1  # of config.json and the folder layout
+FORMAT = 2  # of config.json and the folder layout (2: discrete images keyed by image id, not by block)
 CONFIG_FILE, IMAGES, SHARDS, RUNS, NPZ_FILE = "config.json", "images", "shards", "runs", "samples.npz"
-BLOCK_SEED_COUNTER = 0x53414D50  # c3 of the Philox counter that derives block seeds ("SAMP")
 DEFAULT_BATCH = 16
 STOP_AFTER_ENV = "LANTERN_SAMPLE_STOP_AFTER"  # tests: SIGKILL this process after that many of its blocks
 _TMP_PREFIX = ".tmp-"
@@ -121,16 +120,6 @@ def block_count(n: int, batch: int) -> int:
 def rank_blocks(n_blocks: int, ranks: Ranks) -> List[int]:
     """Blocks j with j mod world == rank (interleaved: every rank's share ends within one block of the others')."""
     return list(range(ranks.rank, n_blocks, ranks.world))
-
-
-def block_seed(seed: int, j: int) -> int:
-    """The 64-bit seed of block j: two Philox words keyed by the job's seed (SPEC §5's generator, counter
-    (j, word, 0, BLOCK_SEED_COUNTER)), so blocks of one job and of nearby seeds never share a stream."""
-    from .ops.reference.philox import philox_word0
-
-    lo = int(philox_word0(seed, j, 0, 0, BLOCK_SEED_COUNTER))
-    hi = int(philox_word0(seed, j, 1, 0, BLOCK_SEED_COUNTER))
-    return (hi << 32) | lo
 
 
 def labels_of(ids: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
@@ -336,12 +325,12 @@ class DiscreteSampler:
         self.args = args
 
     @torch.no_grad()
-    def sample(self, ids: torch.Tensor, labels: torch.Tensor, seed: int, j: int):
-        """-> (uint8 [b, H, W, 3] numpy, the block's counts)."""
+    def sample(self, ids: torch.Tensor, labels: torch.Tensor, seed: int):
+        """-> (uint8 [b, H, W, 3] numpy, the block's counts). Every draw is keyed by (seed, image id)."""
         from .decoding import generate
 
         tokens, stats = generate(self.gpt, labels.to(self.args.device), **self.options, **self.sampling,
-                                 seed=block_seed(seed, j))
+                                 seed=seed, image_ids=ids)
         side = self.gpt.config.grid_size
         pixels = self.vq.to_uint8(self.vq.decode_codes(tokens, side, side)).cpu().numpy()
         b = len(ids)
@@ -382,7 +371,7 @@ class MARSampler:
         self.args = args
 
     @torch.no_grad()
-    def sample(self, ids: torch.Tensor, labels: torch.Tensor, seed: int, j: int):
+    def sample(self, ids: torch.Tensor, labels: torch.Tensor, seed: int):
         from .decoding import generate
         from .generate_mar_cli import _decode
         from .models import to_uint8
@@ -414,8 +403,9 @@ class MARSampler:
 
 def settings_of(args, sampler) -> dict:
     """The settings that decide the images (config.json): model, method, ids, seed and every sampling option
-    after the model's defaults are filled in. Speed-only options (--fused, --compile, --device, progress)
-    are left out, so a run may resume on another machine."""
+    after the model's defaults are filled in; and the batch, which decides the folder's block layout (not the
+    images). Speed-only options (--fused, --compile, --device, progress) are left out, so a run may resume on
+    another machine."""
     model = {key: getattr(args, key) for key in ("model", "gpt", "gpt_name", "vq", "image_size", "mar", "mar_name",
                                                  "vae", "vae_name", "num_sampling_steps", "mar_drafter",
                                                  "mar_drafter_name") if getattr(args, key, None) is not None}
@@ -509,7 +499,7 @@ def _generate_share(args, ranks: Ranks, folder: SampleFolder, sampler, start_don
     t0 = time.perf_counter()
     for k, j in enumerate(todo):
         ids = block_ids(j, n, batch)
-        pixels, block_counts = sampler.sample(ids, labels_of(ids, args.classes), args.seed, j)
+        pixels, block_counts = sampler.sample(ids, labels_of(ids, args.classes), args.seed)
         folder.write_block(j, ids, pixels)
         images += len(ids)
         for key, value in block_counts.items():
@@ -619,8 +609,9 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
     add_sampling_options(p, classes_help="classes cycled over the image ids (default: every class of the model)")
     run = p.add_argument_group("run")
     add_method_options(p, run)
-    run.add_argument("--batch", type=int, metavar="B", help=f"images per block (one batch; part of the settings: "
-                     f"the discrete methods' images depend on it; default {DEFAULT_BATCH})")
+    run.add_argument("--batch", type=int, metavar="B", help=f"images per block (one batch; the images do not "
+                     f"depend on it, but the folder's shards do, so a resume needs the same; default "
+                     f"{DEFAULT_BATCH})")
     add_device_options(run)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(tree="chain")

@@ -21,15 +21,33 @@ Number = Union[int, float, torch.Tensor]
 
 def sample_next(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], *, cfg_scale: Number = 1.0,
                 temperature: Number = 1.0, top_k: Number = 0, top_p: Number = 1.0, seed: int = 0,
-                offset: int = 0) -> torch.Tensor:
-    """logits / uncond_logits [B, V] -> next tokens [B] int64 (temperature 0 = greedy argmax)."""
+                offset: int = 0, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """logits / uncond_logits [B, V] -> next tokens [B] int64 (temperature 0 = greedy argmax); rows [B]: the
+    rows' Philox keys (``ops.verify``'s rows; default b)."""
     B = logits.shape[0]
     root = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)
     parents = torch.full((B, 1), -1, dtype=torch.int64, device=logits.device)
     result = ops.verify(logits[:, None], root, parents, uncond_logits=None if uncond_logits is None else
                         uncond_logits[:, None], cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
-                        top_p=top_p, seed=seed, offset=offset)
+                        top_p=top_p, seed=seed, offset=offset, rows=rows)
     return result.next_token
+
+
+def check_image_ids(image_ids: Optional[torch.Tensor], B: int, device) -> Optional[torch.Tensor]:
+    """image_ids: None, or integer ids [B] in [0, 2^32) (the Philox row key of each image) -> int64 [B] on
+    ``device`` (None stays None). ValueError naming image_ids otherwise. One host read."""
+    if image_ids is None:
+        return None
+    if not isinstance(image_ids, torch.Tensor) or image_ids.dtype.is_floating_point or image_ids.dtype.is_complex \
+            or image_ids.dtype == torch.bool:
+        raise ValueError(f"image_ids must be an integer tensor [B], got "
+                         f"{getattr(image_ids, 'dtype', type(image_ids).__name__)}")
+    if image_ids.shape != (B,):
+        raise ValueError(f"image_ids must have shape [{B}], got {list(image_ids.shape)}")
+    image_ids = image_ids.to(device=device, dtype=torch.int64)
+    if B and bool((image_ids.min() < 0) | (image_ids.max() >= 2**32)):
+        raise ValueError("image_ids must be in [0, 2^32)")
+    return image_ids
 
 
 def condition_masks(model, cond_idx: torch.Tensor, emb_masks: Optional[torch.Tensor], guided: bool):
@@ -87,7 +105,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
                 top_k: Number = 0, top_p: Number = 1.0, cfg_interval: int = -1, seed: int = 0,
                 on_token: Optional[Callable[[int], None]] = None, length: Optional[int] = None,
                 emb_masks: Optional[torch.Tensor] = None, compile: Union[bool, dict] = False,
-                stats: Optional[dict] = None) -> torch.Tensor:
+                stats: Optional[dict] = None, image_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sample a whole image's tokens: cond_idx c2i class ids [B] in [0, num_classes) (or t2i caption
     features [B, C, D]; B >= 1, else ValueError) -> tokens [B, L] int64, L = the model's block_size.
     emb_masks [B, C] (t2i): 1 = a real caption position; padded positions are attended by no image token
@@ -100,7 +118,8 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     full run's prefix. ``compile``: True runs the per-token forwards through torch.compile (inductor;
     CUDA graphs on a GPU), a dict passes those torch.compile options (``compiled.py``); the prefill stays
     eager. ``stats``, a dict, receives compile_s (the first call of each new graph, compile included) and
-    compiled_graphs."""
+    compiled_graphs. ``image_ids`` [B] (default 0..B-1): each image's Philox row key, so an image's tokens
+    depend on its id, not on its place in the batch (SPEC §5)."""
     check_condition(model, cond_idx)
     B = cond_idx.shape[0]
     L, C = check_length(length, model.config.block_size), model.config.cond_len
@@ -109,6 +128,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     cond = model.double_for_cfg(cond_idx) if guided else cond_idx
     rows = cond.shape[0]
     device = model.tok_embeddings.weight.device
+    keys = check_image_ids(image_ids, B, device)
     model.setup_cache(rows, C + L)
     cache_len = torch.zeros(rows, dtype=torch.int64, device=device)
     logits = model(None, cond, cache_len=cache_len, emb_masks=masks)[:, -1]  # [rows, V]: predicts image token 0
@@ -132,7 +152,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
             broken |= nonfinite_logits(logits)
             tokens[:, step] = sample_next(lc, lu, cfg_scale=cfg_scale if lu is not None else 1.0,
                                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                          offset=step)
+                                          offset=step, rows=keys)
             if on_token is not None:
                 on_token(step)
             if step + 1 < L:

@@ -11,6 +11,8 @@ reach a slot keeps an earlier forward's draw for its position, if it has one, or
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -29,12 +31,12 @@ class JacobiWindow:
     uniforms, so a draw from a nearly unchanged row repeats its token)."""
 
     def __init__(self, root: torch.Tensor, root_probs: torch.Tensor, slots: int, init: str, coupled: bool,
-                 seed: int):
+                 seed: int, rows: Optional[torch.Tensor] = None):
         """root [B]: the first image token (n_done = 1); root_probs [B, V]: the row it was sampled from (fresh
-        slots of init "sample" draw from it)."""
+        slots of init "sample" draw from it); rows [B]: the rows' Philox keys (default b)."""
         if init not in FRESH_INITS:
             raise ValueError(f"init must be one of {FRESH_INITS}, got {init!r}")
-        self.slots, self.init, self.coupled, self.seed = slots, init, coupled, seed
+        self.slots, self.init, self.coupled, self.seed, self.rows = slots, init, coupled, seed, rows
         B, V = root_probs.shape
         self.tokens = torch.zeros(B, slots, dtype=torch.int64)
         self.q = torch.zeros(B, slots, V, dtype=torch.float32)
@@ -80,7 +82,8 @@ class JacobiWindow:
         fresh = new & ~jacobi
         drawn_slots = jacobi | fresh if self.init == "sample" else jacobi
         offset = COUPLED_OFFSET if self.coupled else step
-        drawn = sample_without_replacement(rows, 1, self.seed, n_done[:, None] + torch.arange(S), offset)[..., 0]
+        drawn = sample_without_replacement(rows, 1, self.seed, n_done[:, None] + torch.arange(S), offset,
+                                           self.rows)[..., 0]
         tokens = torch.where(drawn_slots, drawn, self.tokens)
         q = torch.where(drawn_slots[..., None], rows, self.q)
         if self.init == "repeat":

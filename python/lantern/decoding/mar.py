@@ -23,7 +23,7 @@ import torch
 from .. import ops
 from ..ops.reference.noise import (MAX_CHANNELS, PURPOSE_ACCEPT, PURPOSE_EPS, PURPOSE_EPS_0,  # noqa: F401
                                    PURPOSE_ORDER, PURPOSE_RESIDUAL, PURPOSE_X_T, box_muller, noise_counters)
-from .ar import check_class_ids
+from .ar import check_class_ids, check_image_ids
 
 IntOrTensor = Union[int, torch.Tensor]
 
@@ -158,12 +158,8 @@ def check_sampling(model, labels: Optional[torch.Tensor], batch: Optional[int], 
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     cfg_scale_at(1.0, cfg_schedule, 1, 0)  # validates the schedule name
-    image_ids = torch.arange(B, device=device) if image_ids is None else image_ids.to(device=device, dtype=torch.int64)
-    if image_ids.shape != (B,):
-        raise ValueError(f"image_ids must have shape [{B}], got {list(image_ids.shape)}")
-    if bool((image_ids < 0).any()) or bool((image_ids >= 2**32).any()):
-        raise ValueError("image_ids must be in [0, 2^32)")
-    return B, image_ids
+    image_ids = check_image_ids(image_ids, B, device)
+    return B, torch.arange(B, device=device) if image_ids is None else image_ids
 
 
 def conditions(model, labels: Optional[torch.Tensor], B: int, guided: bool) -> torch.Tensor:

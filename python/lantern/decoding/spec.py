@@ -24,6 +24,7 @@ per step the same way (``planner.jacobi_plans``; W = 0 is the AR step). docs/sjd
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -31,7 +32,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .ar import check_condition, check_length, condition_masks, generate_ar, nonfinite_logits, sample_next
+from .ar import (check_condition, check_image_ids, check_length, condition_masks, generate_ar, nonfinite_logits,
+                 sample_next)
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
 from .jacobi import FRESH_INITS, JacobiWindow
@@ -152,6 +154,9 @@ class Sampling:
     top_p: object = 1.0
     seed: int = 0
     cfg_interval: int = -1
+    # [B] int64: each image's Philox row key in every draw (verify, the drafts), so an image's tokens follow its
+    # id, not its place in the batch; None: the row index b
+    rows: Optional[torch.Tensor] = None
 
     @property
     def guided(self) -> bool:
@@ -199,7 +204,8 @@ class _Loop:
                                 emb_masks=masks)
         lc, lu = (logits[:B, -1], logits[B:, -1]) if sampling.guided else (logits[:, -1], None)
         first = sample_next(lc, lu, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
-                            top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, offset=0)
+                            top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, offset=0,
+                            rows=sampling.rows)
         self.out = torch.zeros(B, L, dtype=torch.int64)
         self.out[:, 0] = first
         self.n_done = torch.ones(B, dtype=torch.int64)
@@ -216,7 +222,7 @@ class _Loop:
             first_probs = self._process(guided_logits(logits[:, -1], B, sampling.guided, sampling.cfg_scale,
                                                       torch.zeros(B, dtype=torch.int64), sampling.cfg_interval))
             self.window = JacobiWindow(first, first_probs, max(p.depth for p in plans), config.init, config.coupling,
-                                       sampling.seed)
+                                       sampling.seed, sampling.rows)
             return
         drafter.reset(cond, self.rows, L + max(T_max, beams) + (L if catch_up else 0) + drafter_pad, masks)
         # the drafter's input: the newly committed tokens [rows, P] and the target hidden state before each
@@ -299,7 +305,7 @@ class _Loop:
                           cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                           draft_probs=draft_probs, k=c.k if relaxed else 0, delta=c.delta if relaxed else 0.0,
                           lam=c.lam if relaxed else None, budget=c.budget if relaxed else "candidate",
-                          seed=s.seed, offset=offset)
+                          seed=s.seed, offset=offset, rows=s.rows)
 
     def step(self, plan: Plan, step: int):
         """One step of ``plan`` -> (n_emit [B], drafter forwards)."""
@@ -395,10 +401,10 @@ class _Loop:
         # 2. grow the draft tree
         if plan.kind == "chain":
             tree = grow_chain(scorer, root_tok, root_logits, root_state, plan.depth, plan.sampled, self._process,
-                              s.seed, step)
+                              s.seed, step, s.rows)
         elif plan.kind == "static":
             tree = grow_static(scorer, root_tok, root_logits, root_state, static_shape(plan.static_widths),
-                               self._process, s.seed, step)
+                               self._process, s.seed, step, s.rows)
         else:
             tree = grow_dynamic(scorer, root_tok, root_logits, root_state, plan.depth, plan.top_per_node,
                                 plan.n_nodes)
@@ -514,7 +520,7 @@ def _figures(n_emit, accept_len, active, to_go, depth: int, broken) -> torch.Ten
 def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[torch.Tensor] = None, *,
                   config: SpecConfig = SpecConfig(), cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0,
                   seed: int = 0, on_step=None, length: Optional[int] = None, cfg_interval: int = -1,
-                  emb_masks: Optional[torch.Tensor] = None):
+                  emb_masks: Optional[torch.Tensor] = None, image_ids: Optional[torch.Tensor] = None):
     """cond_idx [B] class ids (or t2i caption features [B, C, D] with emb_masks [B, C] or None, as in
     ``generate_ar``) -> (tokens [B, L] int64, SpecStats). The first token is sampled like AR
     (offset 0); verify step s uses offset s. ``length`` (default: the whole image, block_size) stops every
@@ -522,22 +528,26 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     positions). Their law is the full run's; the tokens themselves may differ, since trees near the end
     are clipped. ``cfg_interval`` >= 0: tokens past that index are sampled without guidance, as in
     LlamaGen's AR loop (see ``unguided_past_interval``). With ``config.tree == "auto"`` and no
-    ``config.cost_model``, the device's cost model is calibrated first (a few seconds, then cached)."""
+    ``config.cost_model``, the device's cost model is calibrated first (a few seconds, then cached).
+    ``image_ids`` [B] (default 0..B-1): each image's Philox row key in every draw, so with a fixed tree an
+    image's tokens depend on its id and the settings, not on the batch (docs/sampling.md)."""
     device = target.tok_embeddings.weight.device
     L = check_length(length, target.config.block_size)
     check_condition(target, cond_idx)
     check_config(config, neighbours, target.config.vocab_size, drafter)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
+    keyed = dataclasses.replace(sampling, rows=check_image_ids(image_ids, cond_idx.shape[0], device))
     condition_masks(target, cond_idx, emb_masks, sampling.guided)  # bad masks fail before any calibration
     # the loop creates its bookkeeping tensors on the default device; a torch.device context would make it
     # the model's, but it intercepts every torch call (~10 % of a CPU run), so it is entered only when needed
     same = torch.get_default_device() == device
     with contextlib.nullcontext() if same else torch.device(device):
         if config.tree != "auto":
-            return _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, emb_masks)
+            return _generate_fixed(target, drafter, cond_idx, neighbours, config, keyed, on_step, L, emb_masks)
+        # the calibration steps batches of other sizes: row keys 0..b-1
         cost_model = config.cost_model or _resolve(target, drafter, cond_idx, neighbours, config, sampling, L,
                                                    emb_masks=emb_masks)
-        return _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_step, L, cost_model,
+        return _generate_auto(target, drafter, cond_idx, neighbours, config, keyed, on_step, L, cost_model,
                               emb_masks)
 
 
@@ -748,7 +758,7 @@ def _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, 
     tokens = generate_ar(target, cond_idx, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
                          top_k=sampling.top_k, top_p=sampling.top_p, cfg_interval=sampling.cfg_interval,
                          seed=sampling.seed, on_token=progress, length=L, emb_masks=emb_masks,
-                         compile=config.compile, stats=compile_stats)
+                         compile=config.compile, stats=compile_stats, image_ids=sampling.rows)
     stats.wall_s = time.perf_counter() - t0
     steps = L - 1
     stats.steps = steps

@@ -108,20 +108,24 @@ def _gather_state(root_state, node_state, parents):
     return torch.where((parents >= 0)[..., None], node_state.gather(1, idx), root)
 
 
-def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids: torch.Tensor, offset: int):
+def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids: torch.Tensor, offset: int,
+                               rows: Optional[torch.Tensor] = None):
     """m draws without replacement from probs [B, N, V] (rows of node_ids [B, N]) by exponential keys on
-    the drafter's own Philox stream: the m smallest E_i / q_i -> tokens [B, N, m]."""
+    the drafter's own Philox stream, counter (token, node id, row key, offset) with row keys ``rows`` [B]
+    (default b): the m smallest E_i / q_i -> tokens [B, N, m]."""
     B, N, V = probs.shape
     dev = probs.device
+    row_keys = torch.arange(B, device=dev) if rows is None else rows
     u = ops.philox_uniform(seed ^ DRAFT_SEED_SALT, torch.arange(V, device=dev)[None, None, :],
-                           node_ids[..., None], torch.arange(B, device=dev)[:, None, None], offset)
+                           node_ids[..., None], row_keys[:, None, None], offset)
     keys = torch.where(probs > 0, -torch.log1p(-u) / probs, float("inf"))
     return keys.topk(m, dim=-1, largest=False).indices
 
 
 def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: int, sampled: bool,
-               process: Callable, seed: int, offset: int) -> Tree:
-    """A chain of `depth` drafts: top-1 (deterministic) or one draw from the processed draft distribution."""
+               process: Callable, seed: int, offset: int, rows: Optional[torch.Tensor] = None) -> Tree:
+    """A chain of `depth` drafts: top-1 (deterministic) or one draw from the processed draft distribution
+    (keyed by the row keys ``rows`` [B], default b: ``sample_without_replacement``)."""
     B = root_tok.shape[0]
     probs = []  # node d's draft distribution (its child was drawn from it)
     logits, node_state = root_logits, None  # [B, V] guided
@@ -130,7 +134,7 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
     for d in range(depth):
         q = process(logits)  # [B, V]
         if sampled:
-            tok = sample_without_replacement(q[:, None], 1, seed, torch.full((B, 1), d), offset)[:, 0, 0]
+            tok = sample_without_replacement(q[:, None], 1, seed, torch.full((B, 1), d), offset, rows)[:, 0, 0]
         else:
             tok = logits.argmax(-1)
         probs.append(q)
@@ -191,9 +195,10 @@ def _layout(parents: Tuple[int, ...]) -> StaticLayout:
 
 
 def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: List[int], process: Callable,
-                seed: int, offset: int) -> Tree:
+                seed: int, offset: int, rows: Optional[torch.Tensor] = None) -> Tree:
     """The fixed shape, children of each node drawn without replacement from the node's processed draft
-    distribution (sampled drafts, EAGLE-1 / LANTERN++ style). One drafter call and one draw per depth."""
+    distribution (sampled drafts, EAGLE-1 / LANTERN++ style; row keys ``rows`` [B], default b). One drafter
+    call and one draw per depth."""
     B, T, V = root_tok.shape[0], len(shape), root_logits.shape[-1]
     layout = static_layout(tuple(shape))
     parents = torch.tensor(layout.parents).expand(B, T).contiguous()
@@ -209,7 +214,7 @@ def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: L
         level_ids = torch.tensor(level)
         q = process(level_logits)  # [B, n, V]
         draft_probs[:, level[0]: level[-1] + 1] = q  # a level's nodes are contiguous (BFS order)
-        draws = sample_without_replacement(q, layout.draws[d], seed, level_ids.expand(B, -1), offset)  # [B, n, m]
+        draws = sample_without_replacement(q, layout.draws[d], seed, level_ids.expand(B, -1), offset, rows)  # [B, n, m]
         tokens[:, kids[0]: kids[-1] + 1] = draws[:, torch.tensor(layout.kid_slot[d]), torch.tensor(layout.kid_rank[d])]
         if d + 2 < n_levels:
             upto = kids[-1] + 1  # nodes 1..upto-1 form the partial tree (BFS order)

@@ -66,19 +66,22 @@ def verify(
     budget: str = "candidate",
     seed: ScalarOrTensor = 0,
     offset: ScalarOrTensor = 0,
+    rows: Optional[torch.Tensor] = None,
 ) -> VerifyResult:
-    """§3-5: verify a batch of draft trees in one call (see ``reference.verify`` for the definition)."""
+    """§3-5: verify a batch of draft trees in one call (see ``reference.verify`` for the definition).
+    rows [B] (integer, values in [0, 2^32)): the Philox counter's row word of each row (default b), e.g. the
+    image ids, so that a row's draws do not depend on its place in the batch."""
     cfg_scale, temperature, top_k, top_p, k, delta, lam, seed, offset = map(
         checks.plain, (cfg_scale, temperature, top_k, top_p, k, delta, lam, seed, offset))
     checks.check_verify(
         logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
-        draft_probs, k, delta, lam, budget, seed, offset,
+        draft_probs, k, delta, lam, budget, seed, offset, rows,
     )
     impl = _backend.dispatch("verify", logits.device)
     return impl(
         logits, tokens, parents, neighbours, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
         temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=draft_probs, k=k, delta=delta,
-        lam=lam, budget=budget, seed=seed, offset=offset,
+        lam=lam, budget=budget, seed=seed, offset=offset, rows=rows,
     )
 
 

@@ -190,7 +190,7 @@ def check_process_logits(logits, uncond_logits, cfg_scale, temperature, top_k, t
 
 
 def check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
-                 draft_probs, k, delta, lam, budget, seed, offset) -> None:
+                 draft_probs, k, delta, lam, budget, seed, offset, rows=None) -> None:
     ranges = _check_logits_pair(logits, uncond_logits, ndim=3)
     B, T, V = logits.shape
     dev = logits.device
@@ -239,6 +239,15 @@ def check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, 
         raise ValueError(f"budget must be one of {BUDGETS}, got {budget!r}")
     _check_counter("seed", seed, 64)
     _check_counter("offset", offset, 32)
+    if rows is not None:
+        check_row_keys(rows, B, dev)
+
+
+def check_row_keys(rows, B: int, device) -> None:
+    """rows: an integer tensor [B] on ``device`` of Philox row words, each in [0, 2^32)."""
+    c.tensor("rows", rows, dtypes=c.INT_DTYPES, device=device, shape=(B,))
+    if c.scan_values() and rows.numel() and bool((rows.min() < 0) | (rows.max() >= 2**32)):
+        c.in_range("rows", rows, 0, 2**32)
 
 
 def _check_counter(name: str, value, bits: int) -> None:

@@ -63,14 +63,14 @@ def philox_uniform(seed: IntLike, c0: IntLike, c1: IntLike, c2: IntLike, c3: Int
 
 def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
            top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam=None, budget="candidate", seed=0,
-           offset=0):
+           offset=0, rows=None):
     """The fused verify (one op call for the batch); see ``lantern.ops.verify``. Like the reference, it
     computes in float64 for float64 logits and in float32 for every other dtype (cfg_scale and temperature
     are converted to that type first)."""
     real = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return VerifyResult(*torch.ops.lantern.verify(*library.verify_args(
         logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs,
-        k, delta, lam, budget, seed, offset, real)))
+        k, delta, lam, budget, seed, offset, real, rows)))
 
 
 def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -> torch.Tensor:

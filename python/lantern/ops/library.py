@@ -31,7 +31,8 @@ SCHEMAS: Dict[str, str] = {
     "verify": (
         "(Tensor logits, Tensor tokens, Tensor parents, Tensor? neighbours, Tensor? uncond_logits, "
         "Tensor cfg_scale, Tensor temperature, Tensor top_k, Tensor top_p, Tensor? draft_probs, int k, float delta, "
-        "float? lam, bool node_budget, Tensor seed, Tensor offset) -> (Tensor, Tensor, Tensor, Tensor)"),
+        "float? lam, bool node_budget, Tensor seed, Tensor offset, Tensor? rows=None) "
+        "-> (Tensor, Tensor, Tensor, Tensor)"),
     "latent_neighbours": "(Tensor codebook, int K, bool normalize) -> Tensor",
     "tree_attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_len, Tensor tree_mask) -> Tensor",
     "compact_kv": "(Tensor(a!) cache, Tensor cache_len, Tensor path_nodes, Tensor n_keep) -> Tensor",
@@ -59,7 +60,7 @@ MASK64 = 2**64 - 1
 # ---- fake implementations: output shapes, dtypes and devices from the inputs' ----------------------------
 
 def _verify_fake(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
-                 draft_probs, k, delta, lam, node_budget, seed, offset):
+                 draft_probs, k, delta, lam, node_budget, seed, offset, rows=None):
     B, T = tokens.shape
     i64 = dict(dtype=torch.int64, device=logits.device)
     return (logits.new_empty((B,), **i64), logits.new_empty((B, max(T - 1, 0)), **i64),
@@ -150,14 +151,17 @@ def row_setting(value, B: int, dtype: torch.dtype, device: torch.device) -> torc
 
 
 def verify_args(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
-                draft_probs, k, delta, lam, budget, seed, offset, real: torch.dtype) -> tuple:
-    """The verify schema's arguments; cfg_scale and temperature as ``real`` (the kernel's compute type)."""
+                draft_probs, k, delta, lam, budget, seed, offset, real: torch.dtype,
+                rows: Optional[torch.Tensor] = None) -> tuple:
+    """The verify schema's arguments; cfg_scale and temperature as ``real`` (the kernel's compute type), the
+    row keys as contiguous int64 [B] (None: the kernels use b)."""
     B, dev = logits.shape[0], logits.device
     return (logits, tokens, parents, neighbours if k > 0 else None, uncond_logits,
             row_setting(cfg_scale, B, real, dev), row_setting(temperature, B, real, dev),
             row_setting(top_k, B, torch.int64, dev), row_setting(top_p, B, torch.float64, dev), draft_probs,
             int(k), float(delta), None if lam is None else float(lam), budget == "node",
-            seed_tensor(seed, dev), offset_tensor(offset, dev))
+            seed_tensor(seed, dev), offset_tensor(offset, dev),
+            None if rows is None else rows.to(device=dev, dtype=torch.int64).contiguous())
 
 
 def philox_args(seed: IntLike, c0: IntLike, c1: IntLike, c2: IntLike, c3: IntLike) -> tuple:
@@ -215,11 +219,11 @@ def _declare_reference_ops() -> Dict[str, Callable]:
                             tree_attention, verify)
 
     def verify_kernel(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
-                      draft_probs, k, delta, lam, node_budget, seed, offset):
+                      draft_probs, k, delta, lam, node_budget, seed, offset, rows=None):
         return tuple(verify.verify(
             logits, tokens, parents, neighbours, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
             temperature=temperature, top_k=top_k, top_p=top_p, draft_probs=draft_probs, k=k, delta=delta, lam=lam,
-            budget="node" if node_budget else "candidate", seed=_unsigned(seed), offset=int(offset)))
+            budget="node" if node_budget else "candidate", seed=_unsigned(seed), offset=int(offset), rows=rows))
 
     def philox_kernel(seed, c0, c1, c2, c3):
         return philox.philox_uniform(_unsigned(seed), c0, c1, c2, c3)
@@ -250,11 +254,11 @@ def _declare_reference_ops() -> Dict[str, Callable]:
 
     def verify_op(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
                   top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam=None, budget="candidate", seed=0,
-                  offset=0):
+                  offset=0, rows=None):
         real = torch.float64 if logits.dtype == torch.float64 else torch.float32
         return VerifyResult(*ops.verify(*verify_args(
             logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs,
-            k, delta, lam, budget, seed, offset, real)))
+            k, delta, lam, budget, seed, offset, real, rows)))
 
     def process_logits_op(logits, uncond_logits=None, cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0):
         real, dev = (torch.float64 if logits.dtype == torch.float64 else torch.float32), logits.device

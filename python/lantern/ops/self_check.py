@@ -115,7 +115,7 @@ def _child_tokens(parents: torch.Tensor, ranked: torch.Tensor, roots: torch.Tens
 
 def verify_cases(device: torch.device):
     """Two (kwargs, label) verify calls: deterministic drafts with guidance, per-row settings (a greedy row,
-    top-k, top-p) and the node budget; sampled drafts in lambda mode."""
+    top-k, top-p) and the node budget; sampled drafts in lambda mode with row keys (``rows``)."""
     g = _generator()
     parents = torch.tensor(PARENTS, dtype=torch.int64)
     # guided logits: distinct multiples of 1/2 in [-4, 4) per node; with cfg_scale 2 and
@@ -143,7 +143,8 @@ def verify_cases(device: torch.device):
     sampled_tokens = _child_tokens(parents, draft_ranked, roots)
     sampled = dict(
         logits=logits, tokens=sampled_tokens, parents=parents, neighbours=neighbours, draft_probs=draft,
-        temperature=torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float32), k=3, lam=1.5, seed=99, offset=3)
+        temperature=torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float32), k=3, lam=1.5, seed=99, offset=3,
+        rows=torch.tensor([5, 0, 2**32 - 1, 70000], dtype=torch.int64))  # Philox row keys other than b
     return [(_to(deterministic, device), "deterministic drafts"), (_to(sampled, device), "sampled drafts")]
 
 

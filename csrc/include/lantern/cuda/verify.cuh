@@ -60,6 +60,7 @@ struct VerifyParams {
   const double* top_p;      // [B]
   const int64_t* seed;      // [1] the seed's 64 bits
   const int64_t* offset;    // [1] taken modulo 2^32
+  const int64_t* rows;      // [B] the counter's row word (modulo 2^32), or nullptr: the row index
   Relaxation<Real> relax;
   int64_t B, T, V, K;
   Real* l;                  // [B, V] scratch: scaled guided logits
@@ -426,7 +427,7 @@ __global__ void __launch_bounds__(NT, 1) verify_kernel(const VerifyParams<Real, 
       TargetSettings<Real>{P.cfg_scale[b], P.temperature[b], P.top_k[b], P.top_p[b]},
       static_cast<uint64_t>(P.seed[0]),
       static_cast<uint32_t>(static_cast<uint64_t>(P.offset[0])),
-      static_cast<uint32_t>(b)};
+      static_cast<uint32_t>(P.rows == nullptr ? b : P.rows[b])};
   walk.reset_outputs();
   if (!walk.tree_is_valid()) {
     walk.fail();

@@ -59,18 +59,19 @@ def _normalise(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.where(total[:, None] > 0, w / total.clamp(min=torch.finfo(w.dtype).tiny)[:, None], 0), total
 
 
-def exponential_race(weights, nodes, seed, offset) -> torch.Tensor:
-    """§5: argmin_i E_i / w_i over w_i > 0 (lower index on ties); E keyed by (token, node, row, offset)."""
-    B, V = weights.shape
-    rows = torch.arange(B, device=weights.device)
+def exponential_race(weights, nodes, row_keys, seed, offset) -> torch.Tensor:
+    """§5: argmin_i E_i / w_i over w_i > 0 (lower index on ties); E keyed by (token, node, row key, offset)
+    with row_keys [B] the counter's row word of each row."""
+    V = weights.shape[1]
     token_ids = torch.arange(V, device=weights.device)
-    u = philox_uniform(seed, token_ids[None, :], nodes[:, None], rows[:, None], offset)
+    u = philox_uniform(seed, token_ids[None, :], nodes[:, None], row_keys[:, None], offset)
     keys = exponential_key(u).to(weights.dtype) / weights
     keys = torch.where(weights > 0, keys, float("inf"))
     return keys.argmin(1)
 
 
-def _sampling_walk(probs, tokens, parents, neighbours, draft_probs, k, delta, lam, budget, seed, offset, faults):
+def _sampling_walk(probs, tokens, parents, neighbours, draft_probs, k, delta, lam, budget, seed, offset, row_keys,
+                   faults):
     B, T, V = probs.shape
     rows = torch.arange(B, device=probs.device)
     node = torch.zeros(B, dtype=torch.int64, device=probs.device)
@@ -95,7 +96,7 @@ def _sampling_walk(probs, tokens, parents, neighbours, draft_probs, k, delta, la
             b = torch.full((B,), float(delta), dtype=p.dtype, device=p.device)
         p_tilde, merged, mass = merge_neighbours(p, x, neighbours, k, b, faults)
         u_node = 0 if "reused_uniform" in faults else c
-        u = philox_uniform(seed, ACCEPT_COUNTER, u_node, rows, offset).to(p.dtype)  # [B]
+        u = philox_uniform(seed, ACCEPT_COUNTER, u_node, row_keys, offset).to(p.dtype)  # [B]
         if q is None:
             accept = u < p_tilde
         else:
@@ -134,7 +135,7 @@ def _sampling_walk(probs, tokens, parents, neighbours, draft_probs, k, delta, la
     # residual (or bonus at a leaf); a residual with no mass left (rounding) falls back to P_node
     at_node = probs[rows, node]
     weights = torch.where((p.sum(1) > 0)[:, None], p, at_node)
-    next_token = exponential_race(weights, node, seed, offset)
+    next_token = exponential_race(weights, node, row_keys, seed, offset)
     return VerifyResult(accept_len, path, next_token, status)
 
 
@@ -188,9 +189,11 @@ def _empty_result(T: int, device) -> VerifyResult:
 @_backend.register("reference", "verify")
 def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
            top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam: Optional[float] = None,
-           budget="candidate", seed=0, offset=0, faults=()) -> VerifyResult:
+           budget="candidate", seed=0, offset=0, rows=None, faults=()) -> VerifyResult:
     """logits/uncond_logits [B, T, V]; tokens/parents [B, T] int64; neighbours int32 [V, K];
-    draft_probs [B, T, V] (sampled drafts) or None (deterministic drafts). See SPEC §3-5."""
+    draft_probs [B, T, V] (sampled drafts) or None (deterministic drafts); rows [B] integer: the Philox
+    counter's row word of each row (default b), so a row's draws follow its key, not its place in the batch.
+    See SPEC §3-5."""
     unknown = set(faults) - set(FAULTS)
     if unknown:
         raise ValueError(f"faults must be names from {FAULTS}, got {sorted(unknown)}")
@@ -201,8 +204,10 @@ def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_
     greedy = row_setting(temperature, logits[:, 0, 0], compute_dtype(logits)).expand(logits.shape[0]) == 0
     result = None
     if not bool(greedy.all()):
+        row_keys = (torch.arange(tokens.shape[0], device=tokens.device) if rows is None
+                    else rows.to(device=tokens.device, dtype=torch.int64))
         result = _sampling_walk(probs, tokens, parents, neighbours, draft_probs, k, delta, lam, budget,
-                                seed, offset, faults)
+                                seed, offset, row_keys, faults)
     if bool(greedy.any()):
         guided = guide(logits, uncond_logits, cfg_scale)
         greedy_result = _greedy_walk(guided, probs, tokens, parents, neighbours, k, delta, lam)
