@@ -19,7 +19,8 @@ so last-step noise on both sides), fused cpu backend, one thread. All ratios com
 - the H100 projection for MAR-H drafted by MAR-B (``bench.projection.project_cspd``), labelled as such.
 
     python -m bench.bench_cspd [--quick] [--batches 1 8 32] [--gammas 4 8 16 32] [--repeats 3]
-                               [--quality-images 100] [--tiny-dir DIR] [--sections speed ...] [--json PATH]
+                               [--quality-images 100] [--tiny-dir DIR] [--sections speed ...] [--clock wall|cpu]
+                               [--json PATH]
 
 ``python -m bench`` includes it (--quick there) when the tiny MAR weights exist.
 """
@@ -74,7 +75,9 @@ def contenders(target, drafter, gammas, sampling):
     return calls
 
 
-def speed(report: Report, target, drafter, batches, gammas, repeats, sampling) -> dict:
+def speed(report: Report, target, drafter, batches, gammas, repeats, sampling, clock: str = "wall") -> dict:
+    from .bench_plans import CLOCKS
+
     calls = contenders(target, drafter, gammas, sampling)
     summary = {}
     for B in batches:
@@ -86,8 +89,9 @@ def speed(report: Report, target, drafter, batches, gammas, repeats, sampling) -
                 last[name] = calls[name](labels, ids)[1]
             return go
 
-        medians = interleaved_medians({name: timed(name) for name in calls}, repeats=repeats, warmup=0)
-        case = f"B={B} L={target.config.seq_len}"
+        medians = interleaved_medians({name: timed(name) for name in calls}, repeats=repeats, warmup=0,
+                                      clock=CLOCKS[clock])
+        case = f"B={B} L={target.config.seq_len}" + ("" if clock == "wall" else f" ({clock} clock)")
         row = {}
         for name, seconds in medians.items():
             report.add("cspd", case, name, seconds, **(cspd_extra(last[name]) if last[name] else {}))
@@ -200,7 +204,29 @@ def distortion(report: Report, target, drafter, sampling, rows: int = 500, gamma
               f"target's one-step law {r['energy_distance']:.4f} (floor {r['energy_floor']:.4f}); RMS from the "
               f"target's last-step mean {r['rms_from_target_mean']:.4f} (the target's own "
               f"{r['target_rms_from_its_mean']:.4f})", flush=True)
+    out["head gap"] = head_gap(report, target, drafter, tokens, mask, positions, labels, ids, mask_len, common)
     return out
+
+
+def head_gap(report: Report, target, drafter, tokens, mask, positions, labels, ids, mask_len, common) -> dict:
+    """How far apart the two heads' last-step Gaussians are at the same context and aligned noise: per token,
+    d = |(mu_q0 - mu_p0) / sigma_p0| (the norm over channels, in the target's last-step std). Two Gaussians with
+    one std and means d apart overlap by 2 Phi(-d / 2): the exact rule's acceptance when the stds agree."""
+    from lantern.decoding.cspd import one_step_from_context
+
+    step = lambda model: one_step_from_context(model, tokens, mask, positions, labels, ids, mask_len=mask_len,
+                                               last_step_noise=True, **common)
+    _, mean_p, std_p = step(target)
+    _, mean_q, std_q = step(drafter)
+    d = ((mean_q - mean_p) / std_p).norm(dim=-1).flatten()  # [rows * N]
+    overlap = 2 * torch.distributions.Normal(0.0, 1.0).cdf(-d / 2)
+    gap = dict(median_d=float(d.median()), p10_d=float(d.quantile(0.1)), mean_overlap=float(overlap.mean()),
+               std_ratio_median=float((std_q / std_p).median()), channels=int(mean_p.shape[-1]))
+    report.rows.append(dict(bench="cspd-head-gap", case=f"{len(d)} tokens", impl="drafter vs target", **gap))
+    print(f"{'cspd-head-gap':>18} last-step means apart by d = {gap['median_d']:.1f} target stds (median over "
+          f"{len(d)} tokens, 10th percentile {gap['p10_d']:.1f}; {gap['channels']} channels); Gaussian overlap "
+          f"{gap['mean_overlap']:.2e}; std ratio q/p {gap['std_ratio_median']:.2f}", flush=True)
+    return gap
 
 
 def energy_distance(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -223,7 +249,7 @@ SECTIONS = ("speed", "acceptance", "distortion", "quality", "projection")
 
 
 def run(report: Report, batches=(1, 8, 32), gammas=(4, 8, 16, 32), repeats: int = 3, quality_images: int = 100,
-        directory=None, sections=SECTIONS) -> dict:
+        directory=None, sections=SECTIONS, clock: str = "wall") -> dict:
     from lantern.tiny_mar import TINY_MAR_DIR, WEIGHT_FILES
 
     folder = Path(directory) if directory else TINY_MAR_DIR
@@ -240,7 +266,7 @@ def run(report: Report, batches=(1, 8, 32), gammas=(4, 8, 16, 32), repeats: int 
     summary = {}
     with torch.no_grad(), lantern.fused("cpu"):
         if "speed" in sections:
-            summary["speed"] = speed(report, target, drafter, batches, gammas, repeats, sampling)
+            summary["speed"] = speed(report, target, drafter, batches, gammas, repeats, sampling, clock)
         if "acceptance" in sections or "projection" in sections:
             summary["acceptance"] = acceptance_effects(report, target, drafter, sampling)
         if "distortion" in sections:
@@ -261,13 +287,15 @@ def main() -> None:
     parser.add_argument("--quality-images", type=int, default=100, help="images per contender for accuracy / FD (0: none)")
     parser.add_argument("--tiny-dir", help="the tiny MAR weights (default: the package's)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: the process's CPU time (one thread: the wall time of an idle machine; bench_plans)")
     parser.add_argument("--json", default="bench/results/cspd.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.quick:
         args.batches, args.gammas, args.repeats, args.quality_images = [1, 8], [8, 32], 1, 20
     report = Report()
-    run(report, args.batches, args.gammas, args.repeats, args.quality_images, args.tiny_dir, args.sections)
+    run(report, args.batches, args.gammas, args.repeats, args.quality_images, args.tiny_dir, args.sections, args.clock)
     report.write(args.json)
 
 

@@ -2,7 +2,8 @@
 speculative decoding with the trained drafter: τ, the speed-up over AR and the quality (class accuracy and
 Fréchet distance of the timed images, ``lantern.tiny.evaluate``) of fixed windows W = 2, 4, 8, 16 (every
 step the whole window), exact (δ = 0) and relaxed like LANTERN (k = 1000, δ = 0.1), and coupled draws
-(SCD), next to a sampled chain of 3 drafter drafts, exact and LANTERN. One timed sample generates at least
+(SCD), the planner's choice of window per step (``tree="auto"``, windows up to 16; its one-off
+calibration falls in the warm-up call), next to a sampled chain of 3 drafter drafts, exact and LANTERN. One timed sample generates at least
 ``--images`` images (batch 1: one call per image, seeds 0..); the contenders are timed in alternation,
 medians of ``--repeats``.
 
@@ -25,7 +26,8 @@ SJD = {f"sjd{w}": dict(method="sjd", tree="chain", window=w) for w in (2, 4, 8, 
 SJD.update({"sjd8 coupled": dict(method="sjd", tree="chain", window=8, coupling=True),
             "sjd4 lantern": dict(method="sjd", tree="chain", window=4, k=1000, delta=0.1),
             "sjd8 lantern": dict(method="sjd", tree="chain", window=8, k=1000, delta=0.1),
-            "sjd16 lantern": dict(method="sjd", tree="chain", window=16, k=1000, delta=0.1)})
+            "sjd16 lantern": dict(method="sjd", tree="chain", window=16, k=1000, delta=0.1),
+            "sjd auto": dict(method="sjd", tree="auto", window=16)})
 DRAFTER = {"spec chain3": dict(method="spec", tree="chain", depth=3, draft="sampled"),
            "lantern chain3": dict(method="lantern", tree="chain", depth=3, draft="sampled", k=1000, delta=0.1)}
 
