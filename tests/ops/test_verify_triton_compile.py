@@ -19,11 +19,11 @@ SCRIPT = textwrap.dedent('''
 
     sig = dict(logits="*fp32", uncond="*bf16", draft="*fp32", tokens="*i64", parents="*i64", nbrs="*i32",
                cfg_scale="*fp32", temperature="*fp32", top_k="*i64", top_p="*fp64", seed_ptr="*i64",
-               offset_ptr="*i64", p_scratch="*fp32", q_scratch="*fp32", depth_scratch="*i32", accept_len="*i64",
-               path="*i64", next_token="*i64", status="*i8", T="i32", V="i32", K="i32", k="i32", delta="fp32",
-               lam_m1="fp32")
-    meta = dict(HAS_UNCOND=True, SAMPLED=True, LAMBDA=False, NODE_BUDGET=True, BLOCK_V=1024, BLOCK_K=1024,
-                BLOCK_T=64, BITS=kv.RADIX_BITS)
+               offset_ptr="*i64", row_keys="*i64", p_scratch="*fp32", q_scratch="*fp32", depth_scratch="*i32",
+               accept_len="*i64", path="*i64", next_token="*i64", status="*i8", T="i32", V="i32", K="i32", k="i32",
+               delta="fp32", lam_m1="fp32")
+    meta = dict(HAS_UNCOND=True, SAMPLED=True, LAMBDA=False, HAS_ROWS=True, NODE_BUDGET=True, BLOCK_V=1024,
+                BLOCK_K=1024, BLOCK_T=64, BITS=kv.RADIX_BITS)
     sig.update({name: "constexpr" for name in meta})
     src = ASTSource(fn=kv._verify_kernel, signature=sig, constexprs=meta)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, enable_fp_fusion=False))
