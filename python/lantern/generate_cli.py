@@ -255,6 +255,23 @@ def _drafter_and_table(args, gpt, vq):
     return load_tiny_drafter(gpt), table
 
 
+def guidance_and_top_k(args, meta: dict):
+    """--cfg-scale and --top-k, or the model's recommendation (meta["sampling"]), or LlamaGen's 4.0 / off."""
+    defaults = meta.get("sampling", {})
+    cfg_scale = args.cfg_scale if args.cfg_scale is not None else defaults.get("cfg_scale", 4.0)
+    top_k = args.top_k if args.top_k is not None else defaults.get("top_k", 0)
+    return cfg_scale, top_k
+
+
+def method_options(args) -> dict:
+    """The speculative methods' ``lantern.generate`` options from the command line (drafter and table aside)."""
+    options = dict(tree=args.tree, k=args.k, delta=args.delta, lam=args.lam, budget=args.budget, depth=args.depth,
+                   n_nodes=args.nodes, draft=args.draft)
+    if args.method == "sjd":
+        options.update(window=args.window, coupling=args.coupling, init=args.init)
+    return options
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -274,9 +291,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.fused:
         enable_fused(args.fused)
     gpt, vq, meta = _load(args)
-    defaults = meta.get("sampling", {})
-    cfg_scale = args.cfg_scale if args.cfg_scale is not None else defaults.get("cfg_scale", 4.0)
-    top_k = args.top_k if args.top_k is not None else defaults.get("top_k", 0)
+    cfg_scale, top_k = guidance_and_top_k(args, meta)
     classes = args.classes or (list(range(gpt.config.num_classes)) if args.model == "tiny" else LLAMAGEN_DEMO_CLASSES)
     check_classes(classes, gpt.config.num_classes)
     labels = torch.tensor(classes, device=args.device).repeat_interleave(args.per_class)  # [B]
@@ -293,11 +308,8 @@ def run_generate(args: argparse.Namespace) -> int:
         figures["compile"] = True
     if args.method != "ar":
         drafter, table = _drafter_and_table(args, gpt, vq)
-        options = dict(method=args.method, drafter=drafter, neighbours=table, tree=args.tree, k=args.k,
-                       delta=args.delta, lam=args.lam, budget=args.budget, cfg_interval=args.cfg_interval,
-                       depth=args.depth, n_nodes=args.nodes, draft=args.draft)
-        if args.method == "sjd":
-            options.update(window=args.window, coupling=args.coupling, init=args.init)
+        options = dict(method=args.method, drafter=drafter, neighbours=table, cfg_interval=args.cfg_interval,
+                       **method_options(args))
         if args.tree == "auto":
             options["cost_model"] = _cost_model(gpt, drafter, table, chunks[0], options, sampling, figures)
     bar = tqdm(total=len(labels) * L, desc=f"{args.method}: {len(labels)} images", disable=args.no_progress, unit="tok")

@@ -89,6 +89,15 @@ def _cspd_config(args):
     return config
 
 
+def mar_settings(args, mar, defaults: dict, config):
+    """(guidance scale, MAR steps, guidance schedule): the command line's, else the model's recommendation.
+    CSpD (``config`` given) defaults to one token per MAR step, as the paper (its speed comes from drafting
+    those steps)."""
+    cfg = args.cfg_scale if args.cfg_scale is not None else defaults["cfg"]
+    num_iter = args.num_iter or (mar.config.seq_len if config is not None else defaults["num_iter"])
+    return cfg, num_iter, args.cfg_schedule or defaults["cfg_schedule"]
+
+
 def run_generate_mar(args: argparse.Namespace) -> int:
     from . import enable_fused
     from .generate_cli import check_classes
@@ -99,10 +108,7 @@ def run_generate_mar(args: argparse.Namespace) -> int:
     if args.fused:
         enable_fused(args.fused)
     mar, drafter, vae, defaults, default_classes = _load(args)
-    cfg = args.cfg_scale if args.cfg_scale is not None else defaults["cfg"]
-    # CSpD defaults to one token per MAR step, as the paper (its speed comes from drafting those steps)
-    num_iter = args.num_iter or (mar.config.seq_len if config is not None else defaults["num_iter"])
-    schedule = args.cfg_schedule or defaults["cfg_schedule"]
+    cfg, num_iter, schedule = mar_settings(args, mar, defaults, config)
     classes = args.classes or default_classes
     check_classes(classes, mar.config.class_num)
     labels = torch.tensor(classes).repeat_interleave(args.per_class)  # [N]

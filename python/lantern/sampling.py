@@ -305,9 +305,7 @@ class DiscreteSampler:
         from . import generate_cli as gc
 
         self.gpt, self.vq, meta = gc._load(args)
-        defaults = meta.get("sampling", {})
-        cfg_scale = args.cfg_scale if args.cfg_scale is not None else defaults.get("cfg_scale", 4.0)
-        top_k = args.top_k if args.top_k is not None else defaults.get("top_k", 0)
+        cfg_scale, top_k = gc.guidance_and_top_k(args, meta)
         self.num_classes = self.gpt.config.num_classes
         self.sampling = dict(cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p,
                              cfg_interval=args.cfg_interval)
@@ -316,10 +314,7 @@ class DiscreteSampler:
         self.settings = dict(self.sampling, dtype=str(self.gpt.tok_embeddings.weight.dtype).replace("torch.", ""))
         if args.method != "ar":
             drafter, table = gc._drafter_and_table(args, self.gpt, self.vq)
-            spec = dict(tree=args.tree, k=args.k, delta=args.delta, lam=args.lam, budget=args.budget,
-                        depth=args.depth, n_nodes=args.nodes, draft=args.draft)
-            if args.method == "sjd":
-                spec.update(window=args.window, coupling=args.coupling, init=args.init)
+            spec = gc.method_options(args)
             self.settings.update(spec)
             self.options.update(spec, drafter=drafter, neighbours=table)
         self.args = args
@@ -357,11 +352,9 @@ class MARSampler:
         gm._check_options(args)
         self.config = gm._cspd_config(args) if args.method == "cspd" else None
         self.mar, self.drafter, self.vae, defaults, _ = gm._load(args)
-        cfg = args.cfg_scale if args.cfg_scale is not None else defaults["cfg"]
-        num_iter = args.num_iter or (self.mar.config.seq_len if self.config is not None else defaults["num_iter"])
+        cfg, num_iter, schedule = gm.mar_settings(args, self.mar, defaults, self.config)
         self.num_classes = self.mar.config.class_num
-        self.sampling = dict(cfg_scale=cfg, temperature=args.temperature, num_iter=num_iter,
-                             cfg_schedule=args.cfg_schedule or defaults["cfg_schedule"])
+        self.sampling = dict(cfg_scale=cfg, temperature=args.temperature, num_iter=num_iter, cfg_schedule=schedule)
         self.settings = dict(self.sampling, diffusion_steps=self.mar.diffloss.gen_diffusion.num_timesteps)
         self.options = dict(method=args.method, drafter=self.drafter)
         if self.config is not None:
@@ -465,7 +458,7 @@ def run_sample(args: argparse.Namespace) -> int:
         verdict = _broadcast(verdict, ranks)
         if isinstance(verdict, str):
             raise SystemExit(verdict)
-        record = _generate_share(args, ranks, folder, sampler, start_done=verdict)
+        record = _generate_share(args, ranks, folder, sampler)
         records = _all_gather(record, ranks)
         _barrier(ranks)
         if ranks.main:
@@ -486,7 +479,7 @@ def _guarded(step):
         return str(e)
 
 
-def _generate_share(args, ranks: Ranks, folder: SampleFolder, sampler, start_done: int) -> dict:
+def _generate_share(args, ranks: Ranks, folder: SampleFolder, sampler) -> dict:
     """Every block of this rank's share that is not done yet. -> this rank's record for the run JSON."""
     n, batch = args.num_images, args.batch
     n_blocks = block_count(n, batch)
