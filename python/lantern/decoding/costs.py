@@ -95,7 +95,7 @@ class CostModel:
     def from_json(cls, data) -> "CostModel":
         """The model a cache file holds; a ValueError naming the first field that breaks the schema (every
         field of ``to_json``, no other, each of its type and range; an AR entry)."""
-        fields(data, "the file", ("format", "meta", "acceptance", "points"))
+        _fields(data, "the file", ("format", "meta", "acceptance", "points"))
         if not _is_int(data["format"]) or data["format"] != FORMAT:
             raise ValueError(f"format must be {FORMAT}, got {data['format']!r}")
         return cls(_checked_points(data["points"]), _checked_meta(data["meta"]),
@@ -104,7 +104,7 @@ class CostModel:
 
 # -- the cache file's schema ------------------------------------------------------------------------------
 
-def fields(data, what: str, names: Sequence[str]) -> None:
+def _fields(data, what: str, names: Sequence[str]) -> None:
     """ValueError unless ``data`` is a dict with exactly the keys ``names``."""
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be a JSON object, got {type(data).__name__}")
@@ -143,13 +143,22 @@ def _checked_points(points) -> Dict[str, Dict[int, float]]:
     return out  # the ranges: CostModel's
 
 
+META_FIELDS = ("key", "stamp", "created", "calibration_s")  # what a cache file's meta holds
+
+
 def _checked_meta(meta) -> dict:
-    fields(meta, "meta", ("key", "stamp", "created", "calibration_s"))
-    if not isinstance(meta["key"], dict) or not isinstance(meta["stamp"], dict):
-        raise ValueError("meta: key and stamp must be JSON objects")
-    if _finite_number("meta.calibration_s", meta["calibration_s"]) < 0:
+    """meta's fields, each of its type; a model's own JSON may leave them out, a cache file may not
+    (``parse_entry``)."""
+    if not isinstance(meta, dict) or not set(meta) <= set(META_FIELDS):
+        raise ValueError(f"meta must be a JSON object with fields among {list(META_FIELDS)}, got "
+                         f"{sorted(meta) if isinstance(meta, dict) else type(meta).__name__}")
+    for name in ("key", "stamp"):
+        if name in meta and not isinstance(meta[name], dict):
+            raise ValueError(f"meta.{name} must be a JSON object, got {type(meta[name]).__name__}")
+    if "created" in meta:
+        _finite_number("meta.created", meta["created"])
+    if "calibration_s" in meta and _finite_number("meta.calibration_s", meta["calibration_s"]) < 0:
         raise ValueError(f"meta.calibration_s must be >= 0, got {meta['calibration_s']!r}")
-    _finite_number("meta.created", meta["created"])
     return meta
 
 
@@ -257,7 +266,9 @@ def parse_entry(data: bytes) -> Optional[CostModel]:
     parsed = json.loads(data.decode("utf-8"), parse_constant=_no_constants)
     if isinstance(parsed, dict) and _is_int(parsed.get("format")) and parsed["format"] != FORMAT:
         return None
-    return CostModel.from_json(parsed)
+    model = CostModel.from_json(parsed)
+    _fields(model.meta, "meta", META_FIELDS)
+    return model
 
 
 def _warn(path: Path, reason: str) -> None:
