@@ -1,9 +1,9 @@
 """Differential fuzzer (issue 16): every public op on every backend that runs here, on random inputs.
 
 The property, for every input: **every backend returns the same result, or raises the same class of error
-(ValueError or TypeError: the shared checks of lantern.ops), and an input the op does not write is never
-changed** (compact_kv, which writes its cache, leaves it untouched when it raises). Any other exception (an
-internal RuntimeError, IndexError, ...) fails the test, and so would a crash.
+with the same message (ValueError or TypeError: the shared checks of lantern.ops), and an input the op does
+not write is never changed** (compact_kv, which writes its cache, leaves it untouched when it raises). Any
+other exception (an internal RuntimeError, IndexError, ...) fails the test, and so would a crash.
 
 Inputs (hypothesis draws, on top of the op case builders of tests/op_cases.py): random shapes (empty
 batches included), every float dtype, layouts (contiguous, non-contiguous, expanded with stride 0, a
@@ -22,26 +22,48 @@ trees and ids, and compact_kv inputs that alias the cache's memory.
   the output's column of V (float32 math everywhere; float16 / bfloat16 outputs within their rounding).
   Finite q / K values stay below 8 in magnitude: softmax amplifies a score's rounding by its size, so
   scores near float32's range would differ between summation orders without any bug.
+- continuous_verify: decisions and tries equal, an accepted token the draft bit for bit, a proposal within
+  float32 rounding of its scale (1 + |mu_p| + 7 sigma_p; docs/cspd.md). Finite means and stds stay below
+  1e30, so that no proposal is near float32's overflow.
 Backends: reference, cpu, cuda (on a GPU) and triton; under Triton's interpreter (no GPU) triton gets few,
-tiny cases. Profiles (tests/conftest.py): "ci", the default (derandomized: the same cases every run), and
-"long": ``python -m pytest tests/test_fuzz.py --hypothesis-profile=long`` (docs/hardening.md).
+tiny cases.
+
+The cost-model cache's reader (lantern.decoding.costs) is fuzzed at the end of the file: whatever an entry
+holds (a well-formed, stale or broken JSON table, any JSON value anywhere in it, mangled or random bytes; a
+regular file, a folder, a FIFO, a symlink, an oversized file), the cache never raises or hangs, and it either
+uses the entry, which the planner can then cost at any row count, or measures again, with a "corrupt"
+warning unless the entry was only stale.
+
+Profiles (tests/conftest.py): "ci", the default (derandomized: the same cases every run), and "long":
+``python -m pytest tests/test_fuzz.py --hypothesis-profile=long`` (docs/hardening.md).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
 import random
+import stat
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import event, note, settings
+from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 import backends
 import lantern
 from lantern import ops
-from op_cases import attention_inputs, compact_case, integer_codebook, random_case, random_codebook, \
+from lantern.decoding import costs
+from lantern.decoding.planner import FAMILIES, AcceptanceModel, Planner, candidate_plans, jacobi_plans
+from op_cases import attention_inputs, compact_case, continuous_block, integer_codebook, random_case, random_codebook, \
     random_expansion, random_parents
 
 # numpy's floating-point warnings (overflow / invalid value encountered in ...): the edge values are
@@ -67,8 +89,6 @@ def fuzz_tests(strategy):
     """Two tests of one case strategy: on the compiled backends with the profile's examples, and on the
     interpreted ones (a GPU-less triton) with a few tiny cases; each is skipped when its group has no fused
     backend here."""
-    from hypothesis import given
-
     tests = []
     for fast in (True, False):
         names = FAST if fast else ["reference"] + INTERPRETED
@@ -150,7 +170,7 @@ def check_everywhere(case: Case, names) -> None:
         got = run(backend, case)
         if isinstance(want, Raised) or isinstance(got, Raised):
             assert isinstance(want, Raised) and isinstance(got, Raised), f"{backend}: {got} vs reference {want}"
-            assert got.kind is want.kind, f"{backend} raised {got}, the reference {want}"
+            assert got.kind is want.kind and got.message == want.message, f"{backend} raised {got}, the reference {want}"
             continue
         COMPARE.get(case.op, equal)(want, got, backend, case)
     report = lantern.self_check_report()
@@ -595,3 +615,366 @@ def tree_op_cases(draw, tiny):
 
 
 test_fuzz_tree_ops, test_fuzz_tree_ops_interpreted = fuzz_tests(tree_op_cases)
+
+
+# ---- continuous_verify ---------------------------------------------------------------------------------
+
+CONTINUOUS_BLOCK = ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q")
+CONTINUOUS_EDGES = {  # finite edges stay below 1e30: a proposal mu_p + sigma_p xi (|xi| < 6.7) then stays finite
+    "mean": [-0.0, 1e-40, 1e-30, 1e30, -1e30, 1e4, -1e4],
+    "std": [1e-40, 1e-30, 1e-6, 1e6, 1e30, 1.0],
+    "sums": [-0.0, 80.0, -80.0, 1e30, -1e30],
+}
+CONTINUOUS_INVALID = {"mean": [math.nan, math.inf, -math.inf], "std": [0.0, -0.0, -1.0, math.nan, math.inf],
+                      "sums": [math.nan, math.inf, -math.inf]}
+CONTINUOUS_RULES = [("exact", 1.0, "paper"), ("exact", 1, "paper"), ("paper", 1.0, "paper"), ("paper", 42.0, "code"),
+                    ("paper", 0.5, "paper"), ("paper", 1e-30, "code"), ("paper", 1e30, "paper"),
+                    ("paper", np.float64(3.0), "code"), ("paper", np.float32(2.0), "paper"), ("paper", 7, "code")]
+CONTINUOUS_BAD_RULES = [("lossy", 1.0, "paper"), ("exact", 2.0, "paper"), ("exact", 1.0, "code"),
+                        ("paper", 0.0, "paper"), ("paper", -1.0, "code"), ("paper", math.nan, "paper"),
+                        ("paper", math.inf, "paper"), ("paper", True, "paper"), ("paper", "1", "paper"),
+                        ("paper", 1.0, "sideways")]
+
+
+def _continuous_values(draw, t: torch.Tensor, kind: str) -> torch.Tensor:
+    """t with a few edge values of its kind (a mean, a std or a log-std sum), invalid ones rarely."""
+    if not rarely(draw, 3):
+        return t
+    return poke(draw, t, CONTINUOUS_EDGES[kind] + [pick(draw, [1.0], CONTINUOUS_INVALID[kind], 0.15)])
+
+
+def _continuous_key(draw, shape):
+    """rows [B] / positions [B, N]: None (the defaults), an integer tensor of keys in [0, 2^32), or rarely
+    one the checks refuse (out of range, a float or bool tensor, another shape)."""
+    if draw(st.booleans()):
+        return None
+    dtype = pick(draw, [torch.int64, torch.int64, torch.int32], [torch.uint8, torch.int16], 0.05)
+    high = {torch.int64: 2**32, torch.int32: 2**31, torch.uint8: 2**8, torch.int16: 2**15}[dtype]
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    keys = torch.randint(0, high, shape, generator=g, dtype=torch.int64)
+    if keys.numel() and rarely(draw, 4):
+        keys.view(-1)[0] = draw(st.sampled_from([0, high - 1]))
+    fault = pick(draw, [None], ["range", "float", "bool", "shape"], 0.1)
+    if fault == "range" and keys.numel():
+        keys.view(-1)[0] = draw(st.sampled_from([-1, 2**32]))
+        dtype = torch.int64
+    elif fault == "float":
+        return keys.to(torch.float32)
+    elif fault == "bool":
+        return keys > 0
+    elif fault == "shape":
+        return keys.reshape(-1)[:1] if keys.dim() == 2 else keys[:, None]
+    return keys.to(dtype)
+
+
+@st.composite
+def continuous_cases(draw, tiny):
+    B, N = draw(st.integers(0, 2 if tiny else 4)), draw(st.integers(0, 3 if tiny else 6))
+    C = pick(draw, list(range(1, 4 if tiny else 9)), [0], 0.02)
+    block = continuous_block(draw(st.integers(0, 2**31)), B, N, max(C, 1), gap=draw(st.sampled_from([0.1, 0.5, 3.0])),
+                             spread=draw(st.sampled_from([0.0, 0.5, 2.0])))
+    if C == 0:
+        block = {k: v[..., :0] if v.dim() == 3 else v for k, v in block.items()}
+    if rarely(draw, 5):  # the drafter far from the target: drafts rejected, the residual sampler at work
+        block["mu_q"] = block["mu_p"] + draw(st.sampled_from([5.0, 50.0])) * block["sigma_p"]
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+        block["draft"] = block["mu_q"] + block["sigma_q"] * torch.randn(block["draft"].shape, generator=g)
+    if rarely(draw, 6):  # equal heads: every draft accepted
+        block["mu_q"], block["sigma_q"] = block["mu_p"].clone(), block["sigma_p"].clone()
+    for name, kind in (("draft", "mean"), ("mu_p", "mean"), ("mu_q", "mean"), ("sigma_p", "std"),
+                       ("sigma_q", "std"), ("logsig_p", "sums"), ("logsig_q", "sums")):
+        block[name] = _continuous_values(draw, block[name], kind)
+    fault = pick(draw, [None], ["dtype", "shape", "rank"], 0.06)
+    if fault:
+        name = draw(st.sampled_from(list(block)))
+        t = block[name]
+        block[name] = (t.to(draw(st.sampled_from([torch.float64, torch.float16, torch.bfloat16, torch.int64])))
+                       if fault == "dtype" else t[:, :1] if fault == "shape" and t.dim() >= 2 else t[..., None])
+    rule, bandwidth, sigma_ratio = pick(draw, CONTINUOUS_RULES, CONTINUOUS_BAD_RULES, 0.08)
+    kwargs = dict(rule=rule, bandwidth=bandwidth, sigma_ratio=sigma_ratio,
+                  max_tries=pick(draw, [1, 2, 3] if tiny else [1, 2, 3, 10, 50, np.int64(4)],
+                                 [0, -1, 2**31 - 1, 1.5, True, np.bool_(True)], 0.05),
+                  seed=pick(draw, [0, 7, 2**64 - 1, np.uint64(2**63 + 5), torch.tensor(9), torch.tensor([2**63 - 1]),
+                                   torch.tensor(-3)], [2**64, -1, torch.tensor(1.5), torch.tensor([1, 2]), True], 0.05),
+                  offset=pick(draw, [0, 1, 2**32 - 1, 2**32 - 2, np.int64(9), torch.tensor(3)],
+                              [2**32, -1, 1.0], 0.05),
+                  rows=_continuous_key(draw, (B,)), positions=_continuous_key(draw, (B, N)))
+    layouts = {name: draw(st.sampled_from(LAYOUTS)) if rarely(draw, 3) else "contiguous" for name in block}
+    block = {name: expandable(t, layouts[name]) for name, t in block.items()}
+    grads = tuple(name for name in block if rarely(draw, 12))
+    note(f"continuous_verify B={B} N={N} C={C} fault={fault} layouts={layouts} grads={grads} "
+         f"{ {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)} }")
+    return case_from("continuous_verify", (), dict(block, **kwargs), layouts, grads)
+
+
+def continuous_agree(want, got, backend, case) -> None:
+    """Decisions and tries equal; an accepted token is the draft bit for bit; a proposal within float32
+    rounding of log1p / cos / sqrt (docs/cspd.md): |got - want| <= 1e-5 (1 + |mu_p| + 7 sigma_p), the
+    Box-Muller normal being below 6.7 in magnitude."""
+    (tokens_a, accepted_a, tries_a), (tokens_b, accepted_b, tries_b) = want, got
+    assert (tokens_b.dtype, accepted_b.dtype, tries_b.dtype) == (torch.float32, torch.bool, torch.int32)
+    assert tokens_a.shape == tokens_b.shape and accepted_a.shape == accepted_b.shape == tries_b.shape
+    assert torch.equal(accepted_a, accepted_b), f"{backend}: decisions differ\n{accepted_a}\n{accepted_b}"
+    assert torch.equal(tries_a, tries_b), f"{backend}: tries differ\n{tries_a}\n{tries_b}"
+    kwargs = case.make(torch.device("cpu"))[1]
+    draft, mu_p, sigma_p = (kwargs[name].detach() for name in ("draft", "mu_p", "sigma_p"))
+    assert torch.equal(bits(tokens_b[accepted_b]), bits(draft[accepted_b])), f"{backend}: an accepted token moved"
+    scale = 1 + mu_p.double().abs() + 7 * sigma_p.double()
+    error = (tokens_a.double() - tokens_b.double()).abs()
+    ok = (tokens_a == tokens_b) | (error <= 1e-5 * scale)
+    assert bool(ok.all()), f"{backend}: a proposal differs by {(error / scale).nan_to_num(0.0).max()} of its scale"
+
+
+COMPARE["continuous_verify"] = continuous_agree
+test_fuzz_continuous_verify, test_fuzz_continuous_verify_interpreted = fuzz_tests(continuous_cases)
+
+
+# ---- the cost-model cache's reader (lantern.decoding.costs) ---------------------------------------------
+# Not a backend op: the property is that whatever a cache entry holds, cached_cost_model neither raises nor
+# hangs, and either uses the entry (then the planner can cost every plan from it, at any row count) or
+# measures again: with a "corrupt" warning for an entry the schema refuses, silently for a stale one.
+
+CACHE_FACTOR = 4  # examples: 4x the profile's (ci: 400, long: 8 000), about 15 ms each
+CACHE_KEY = {"device": "fuzz", "mode": {"plans": ["ar", "chain2", "sjd4"]}}
+CACHE_PLANS = {p.name: p for p in candidate_plans(4) + candidate_plans(4, draft="deterministic") + jacobi_plans(4)}
+CACHE_FAMILIES = list(FAMILIES) + ["sjd2", "sjd4", "sjd17"]
+MEASURED = {"ar": {2: 0.01, 16: 0.02}, "chain2": {2: 0.015, 16: 0.05}}
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                        max_size=3),
+                           max_leaves=8)
+BAD_SECONDS = [math.inf, -math.inf, math.nan, 0, 0.0, -1e-3, 1e-300, 5e-324, 1e300, 2e4, 5e-8, "0.01", None, True,
+               [0.01], {"s": 0.01}, 10**400]
+BAD_ROWS = ["0", "-1", "01", " 2", "2 ", "2.0", "1e3", "\u0662", "+2", str(2**31), "", "x", "0x10"]
+BAD_RATES = [1.0, -0.1, math.nan, math.inf, "0.5", None, True, 1.5, [0.5]]
+
+
+PLAN_NAMES = st.lists(st.sampled_from(sorted(CACHE_PLANS)) | st.text(max_size=6), max_size=4)
+ROW_LISTS = st.lists(st.sampled_from([1, 2, 16, 80, costs.MAX_ROWS]) | st.integers(1, costs.MAX_ROWS), min_size=1,
+                     max_size=4, unique=True)
+STEP_SECONDS = st.floats(costs.MIN_STEP_S, costs.MAX_STEP_S) | st.integers(1, int(costs.MAX_STEP_S))
+RATE_TABLES = st.dictionaries(st.sampled_from(CACHE_FAMILIES), st.lists(st.floats(0.0, 1.0, exclude_max=True),
+                                                                         max_size=6), max_size=3)
+
+
+@st.composite
+def valid_cost_entries(draw) -> dict:
+    """A fresh, well-formed cache file for CACHE_KEY, as the JSON value to_json writes."""
+    names = ["ar"] + draw(PLAN_NAMES)
+    points = {name: {str(r): draw(STEP_SECONDS) for r in draw(ROW_LISTS)} for name in names}
+    acceptance = draw(RATE_TABLES)
+    meta = {"key": json.loads(json.dumps(CACHE_KEY)), "stamp": costs.staleness_stamp(),  # copies: mutated later
+            "created": time.time() - draw(st.floats(60.0, (costs.MAX_AGE_DAYS - 1) * 86400.0)),
+            "calibration_s": draw(st.floats(0.0, 1e4) | st.just(0))}
+    return {"format": costs.FORMAT, "meta": meta, "acceptance": acceptance, "points": points}
+
+
+def _containers(value, path=()):
+    """(path, container) of every list and dict inside ``value``, itself included."""
+    if isinstance(value, (dict, list)):
+        yield path, value
+        for k, v in (value.items() if isinstance(value, dict) else enumerate(value)):
+            yield from _containers(v, path + (k,))
+
+
+def _break_schema(draw, entry: dict) -> str:
+    """One change the schema refuses, made in place; its label."""
+    plan = draw(st.sampled_from(sorted(entry["points"])))
+    row = draw(st.sampled_from(sorted(entry["points"][plan])))
+    which = draw(st.sampled_from(["seconds", "rows", "missing", "extra", "container", "rate", "family", "meta",
+                                  "key", "no ar", "no points", "deep"]))
+    if which == "seconds":
+        entry["points"][plan][row] = draw(st.sampled_from(BAD_SECONDS))
+    elif which == "rows":
+        entry["points"][plan][draw(st.sampled_from(BAD_ROWS))] = entry["points"][plan].pop(row)
+    elif which == "missing":
+        where = draw(st.sampled_from([entry, entry["meta"]]))
+        del where[draw(st.sampled_from(sorted(where)))]
+    elif which == "extra":
+        draw(st.sampled_from([entry, entry["meta"]]))["extra"] = draw(JSON_VALUES)
+    elif which == "container":  # a table of the wrong type
+        path = draw(st.sampled_from([("points",), ("meta",), ("acceptance",), ("points", plan)]
+                                    + [("acceptance", f) for f in entry["acceptance"]]))
+        *parent, last = path
+        target = entry
+        for k in parent:
+            target = target[k]
+        wanted = list if path[0] == "acceptance" and len(path) == 2 else dict
+        target[last] = draw(JSON_VALUES.filter(lambda v: not isinstance(v, wanted)))
+    elif which == "rate":
+        family = draw(st.sampled_from(CACHE_FAMILIES))
+        entry["acceptance"].setdefault(family, [0.5]).append(draw(st.sampled_from(BAD_RATES)))
+    elif which == "family":
+        entry["acceptance"][draw(st.sampled_from(["greedy", "sjd0", "sjd", "Top", ""]))] = [0.5]
+    elif which == "meta":
+        field = draw(st.sampled_from(["created", "calibration_s", "stamp"]))
+        bad = {"created": ["yesterday", None, True, math.nan, math.inf, [], {}, 10**400],
+               "calibration_s": [-1.0, math.nan, "1", None, False], "stamp": ["fresh", None, [], 2]}[field]
+        entry["meta"][field] = draw(st.sampled_from(bad))
+    elif which == "key":
+        entry["meta"]["key"] = draw(st.sampled_from([{"device": "another"}, {}, "fuzz", None, [CACHE_KEY]]))
+    elif which == "no ar":
+        entry["points"].pop("ar")
+    elif which == "no points":
+        entry["points"][plan] = {}
+    else:  # nested too deep for the parser, somewhere inside
+        depth = draw(st.sampled_from([10_000, 100_000]))
+        entry["meta"]["key"] = "DEEP"
+        return f"deep {depth}"
+    return which
+
+
+def _make_stale(draw, entry: dict) -> str:
+    which = draw(st.sampled_from(["stamp", "old", "future", "format"]))
+    if which == "stamp":
+        entry["meta"]["stamp"] = dict(entry["meta"]["stamp"], torch="0.0")
+    elif which == "old":
+        entry["meta"]["created"] = time.time() - (costs.MAX_AGE_DAYS + draw(st.floats(0.1, 1e6))) * 86400.0
+    elif which == "future":
+        entry["meta"]["created"] = time.time() + draw(st.floats(3600.0, 1e12))
+    else:  # another lantern's format: stale whatever else the file holds
+        entry["format"] = draw(st.sampled_from([1, 3, 0, -2, 10**30]))
+    return which
+
+
+def _wild(draw, entry: dict) -> None:
+    """Any container's entry replaced by any JSON value (or a new entry added)."""
+    path, container = draw(st.sampled_from(list(_containers(entry))))
+    if isinstance(container, dict):
+        container[draw(st.sampled_from(sorted(container)) | st.text(max_size=5)) if container else "x"] = draw(JSON_VALUES)
+    elif container:
+        container[draw(st.integers(0, len(container) - 1))] = draw(JSON_VALUES)
+
+
+@st.composite
+def cost_cache_entries(draw):
+    """(kind of file, its bytes, the outcome expected: "load", "stale", "corrupt" or "any")."""
+    entry = draw(valid_cost_entries())
+    category = draw(st.sampled_from(["load", "corrupt", "stale", "corrupt", "wild", "bytes", "corrupt", "wild"]))
+    expect, label = category, category
+    if category == "stale":
+        label = _make_stale(draw, entry)
+    elif category == "corrupt":
+        label = _break_schema(draw, entry)
+    elif category == "wild":
+        for _ in range(draw(st.integers(1, 3))):
+            _wild(draw, entry)
+        expect = "any"
+    text = json.dumps(entry, indent=draw(st.sampled_from([None, 1])), sort_keys=draw(st.booleans()))
+    if label.startswith("deep"):
+        depth = int(label.split()[1])
+        text = text.replace('"DEEP"', "[" * depth + "]" * depth)
+    data = text.encode()
+    if category == "bytes":
+        expect = "any"
+        how = draw(st.sampled_from(["truncate", "flip", "insert", "random"]))
+        at = draw(st.integers(0, 2**20))  # a place in the text (whose length depends on the clock: "created")
+        if how == "truncate":
+            data, expect = data[:at % len(data)], "corrupt"
+        elif how == "flip":
+            i = at % len(data)
+            data = data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1:]
+        elif how == "insert":
+            i = at % (len(data) + 1)
+            data = data[:i] + draw(st.binary(min_size=1, max_size=8)) + data[i:]
+        else:
+            data = draw(st.binary(max_size=64))
+    kind = pick(draw, ["file"], ["oversized", "folder", "fifo", "symlink", "dangling", "endless"], 0.1)
+    if kind != "file":
+        expect = "corrupt"
+    note(f"cost cache entry: {category} ({label}), {kind}, {len(data)} bytes, expect {expect}: {data[:300]!r}")
+    event(f"cost cache: {category}, {kind}")
+    return kind, data, expect
+
+
+def _place(path: Path, kind: str, data: bytes) -> None:
+    if kind == "file":
+        path.write_bytes(data)
+    elif kind == "oversized":
+        path.write_bytes(data + b" " * (costs.MAX_FILE_BYTES + 1 - len(data)))
+    elif kind == "folder":
+        path.mkdir()
+        (path / "inside").write_bytes(data)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        (path.parent / "target.json").write_bytes(data)
+        path.symlink_to(path.parent / "target.json")
+    elif kind == "dangling":
+        path.symlink_to(path.parent / "nowhere.json")
+    else:
+        path.symlink_to("/dev/zero")
+
+
+def assert_plannable(model) -> None:
+    """Every plan's seconds at any row count are finite and positive (at least MIN_STEP_S, but for the
+    rounding of an interpolation), and a planner over the candidate plans the model knows chooses with a
+    positive, finite rate."""
+    assert model.knows("ar")
+    for name, points in model.points.items():
+        measured = sorted(points)
+        for rows in {1, 2, 2**20, measured[-1] * 2} | {r + d for r in measured for d in (-1, 0, 1) if r + d >= 1}:
+            seconds = model.step_seconds(name, rows)
+            assert math.isfinite(seconds) and seconds >= costs.MIN_STEP_S / 2, (name, rows, seconds)
+    plans = [plan for name, plan in CACHE_PLANS.items() if model.knows(name)]
+    planner = Planner(model, plans, AcceptanceModel(prior_rates=model.acceptance), adapt_costs=True)
+    for rows in (1, 2, 16, 2**20):
+        decision = planner.choose(rows, rows, [rows] * planner.max_depth)
+        assert 0 < decision.tokens_per_s < math.inf and 0 < decision.ar_tokens_per_s < math.inf
+        planner.record(decision, rows, decision.predicted_s)
+
+
+@settings(max_examples=settings.default.max_examples * CACHE_FACTOR)
+@given(entry=cost_cache_entries())
+def test_fuzz_cost_cache_reader(entry):
+    kind, data, expect = entry
+    with tempfile.TemporaryDirectory() as folder:
+        path = costs.cache_path(CACHE_KEY, Path(folder))
+        _place(path, kind, data)
+        calls = []
+
+        def measure():
+            calls.append(1)
+            return MEASURED
+
+        with warnings.catch_warnings(record=True) as caught, unblocking_fifo(path) as unblocked:
+            warnings.simplefilter("always")
+            model = costs.cached_cost_model(CACHE_KEY, measure, directory=Path(folder))
+        assert not unblocked, "the reader blocked on a FIFO"
+        messages = [str(w.message) for w in caught]
+        corrupt = [m for m in messages if "corrupt" in m]
+        assert all("corrupt" in m or "could not be written" in m for m in messages), messages
+        if model.meta["source"] == "cache":
+            assert expect in ("load", "any") and not calls and not messages, (expect, messages)
+            assert_plannable(model)
+            if expect == "load":
+                parsed = json.loads(data)
+                assert model.points == {n: {int(r): float(s) for r, s in p.items()} for n, p in parsed["points"].items()}
+                assert model.acceptance == parsed["acceptance"]
+        else:
+            assert model.meta["source"] == "measured" and calls == [1]
+            assert expect != "load", f"a well-formed fresh entry was measured again: {messages}"
+            assert (len(corrupt) == 1) if expect == "corrupt" else (not corrupt) if expect == "stale" else True, messages
+            assert any("could not be written" in m for m in messages) == (kind == "folder"), messages
+            if kind != "folder":  # the measurement replaced the entry: read back
+                assert costs.cached_cost_model(CACHE_KEY, measure, directory=Path(folder)).meta["source"] == "cache"
+
+
+@contextlib.contextmanager
+def unblocking_fifo(path: Path, after_s: float = 10.0):
+    """Plays the writer of a FIFO at ``path`` after ``after_s``, so that a reader that blocked on it fails
+    the test instead of hanging it; yields a list that holds True once it had to."""
+    unblocked = []
+
+    def play_the_writer():
+        with contextlib.suppress(OSError):  # not a FIFO, or nobody is reading it
+            if stat.S_ISFIFO(os.lstat(path).st_mode):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                unblocked.append(True)
+
+    timer = threading.Timer(after_s, play_the_writer)
+    timer.start()
+    try:
+        yield unblocked
+    finally:
+        timer.cancel()

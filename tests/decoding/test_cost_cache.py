@@ -1,13 +1,24 @@
 """The calibration cache of tree="auto": measured once and written, then reused; measured again when stale
-(another torch / fused backend, too old) or corrupt (with a warning, never trusted)."""
+(another torch / fused backend, too old) or corrupt (with a warning, never trusted). The reader takes only
+a regular file of bounded size whose whole schema holds; a write that fails warns and the run goes on; a
+write goes through a new unique temporary file with the user's umask."""
+import contextlib
 import json
+import math
+import os
+import resource
+import stat
+import threading
+import time
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 from lantern.decoding import SpecConfig, resolve_cost_model
 from lantern.decoding import costs
-from lantern.decoding.planner import AR_PLAN, Plan
+from lantern.decoding.planner import AR_PLAN, Plan, Planner
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter
 
@@ -166,3 +177,298 @@ def test_a_step_costs_no_more_than_a_step_that_contains_it():
     assert points["ar"] == {2: 0.001, 16: 0.001}  # every step contains an AR step
     assert points["chain1"] == {2: 0.02, 16: 0.04} and points["chain2"] == {2: 0.02, 16: 0.05}
     assert points["s"] == {2: 0.03} and points["b"] == {2: 0.03} and points["o"] == {2: 0.001}
+
+
+# ---- the reader: only a regular file of bounded size, never trusted, never a reason to fail -------------
+
+def fresh_entry(**changes) -> dict:
+    """The JSON a fresh cache file for KEY holds, with ``changes`` applied to its top level."""
+    data = {"format": costs.FORMAT, "acceptance": {"sampled": [0.8]},
+            "points": {"ar": {"2": 0.01, "16": 0.02}, "chain1": {"2": 0.015}},
+            "meta": {"key": KEY, "stamp": costs.staleness_stamp(), "created": time.time(), "calibration_s": 1.5}}
+    data.update(changes)
+    return data
+
+
+def with_meta(**changes) -> dict:
+    data = fresh_entry()
+    data["meta"].update(changes)
+    return data
+
+
+def assert_measured_again(tmp_path, match="corrupt"):
+    """One call warns (``match``) and measures; the entry it wrote is then read back."""
+    measure = Measure()
+    with pytest.warns(RuntimeWarning, match=match):
+        model = costs.cached_cost_model(KEY, measure, directory=tmp_path)
+    assert measure.calls == 1 and model.meta["source"] == "measured"
+    assert model.points == Measure()()
+    return model
+
+
+def test_a_well_formed_entry_is_read_back(tmp_path):
+    """The positive control of the tests below: the entry they break, written as is, is used."""
+    costs.cache_path(KEY, tmp_path).write_text(json.dumps(fresh_entry()))
+    model = costs.cached_cost_model(KEY, Measure(), directory=tmp_path)
+    assert model.meta["source"] == "cache" and model.points == {"ar": {2: 0.01, 16: 0.02}, "chain1": {2: 0.015}}
+
+
+def test_a_fifo_entry_is_refused_without_blocking(tmp_path):
+    """A reader that opened a FIFO would wait for a writer forever; a timer plays the writer after 10 s so
+    that a regression fails instead of hanging."""
+    path = costs.cache_path(KEY, tmp_path)
+    os.mkfifo(path)
+    unblocked = []
+
+    def play_the_writer():
+        with contextlib.suppress(OSError):  # ENXIO: nobody is reading it
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            unblocked.append(True)
+
+    timer = threading.Timer(10.0, play_the_writer)
+    timer.start()
+    try:
+        assert_measured_again(tmp_path, match="FIFO")
+    finally:
+        timer.cancel()
+    assert not unblocked, "the reader blocked on the FIFO"
+    assert stat.S_ISREG(os.lstat(path).st_mode)  # the measurement replaced the FIFO
+
+
+@contextlib.contextmanager
+def heap_limit(extra_bytes: int):
+    """RLIMIT_DATA at the current data size plus ``extra_bytes``: a reader that regresses into reading an
+    endless file raises MemoryError instead of filling the machine's memory."""
+    with open("/proc/self/status") as f:
+        data_kb = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = data_kb * 1024 + extra_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero") or not os.path.exists("/proc/self/status"),
+                    reason="needs /dev/zero and /proc")
+def test_a_symlink_to_an_endless_file_is_not_followed(tmp_path):
+    path = costs.cache_path(KEY, tmp_path)
+    path.symlink_to("/dev/zero")
+    with heap_limit(512 << 20):
+        assert_measured_again(tmp_path, match="symbolic link")
+    assert stat.S_ISREG(os.lstat(path).st_mode)
+
+
+def test_a_symlink_to_a_good_entry_is_not_followed_and_its_target_is_kept(tmp_path):
+    """A link in the cache folder is refused even when it leads to a well-formed entry, and the
+    measurement replaces the link, not the file it pointed to."""
+    elsewhere = tmp_path / "elsewhere.json"
+    text = json.dumps(fresh_entry())
+    elsewhere.write_text(text)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    costs.cache_path(KEY, cache).symlink_to(elsewhere)
+    assert_measured_again(cache, match="symbolic link")
+    assert elsewhere.read_text() == text and stat.S_ISREG(os.lstat(costs.cache_path(KEY, cache)).st_mode)
+
+
+def test_an_entry_larger_than_the_cap_is_refused_unread(tmp_path):
+    """A well-formed entry padded past MAX_FILE_BYTES: refused by its size, not parsed."""
+    padded = json.dumps(fresh_entry()) + " " * costs.MAX_FILE_BYTES
+    costs.cache_path(KEY, tmp_path).write_text(padded)
+    assert_measured_again(tmp_path, match="more than a cost model")
+
+
+def deep(levels: int):
+    value = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+MALFORMED = {  # label -> the file's text
+    "nested too deep to parse": "[" * 200_000,
+    "deep nesting inside the key": json.dumps(with_meta(key=None)).replace("null", "[" * 100_000 + "]" * 100_000),
+    "created is a string": json.dumps(with_meta(created="yesterday")),
+    "created is a bool": json.dumps(with_meta(created=True)),
+    "created is NaN": json.dumps(with_meta(created=math.nan)),
+    "calibration_s negative": json.dumps(with_meta(calibration_s=-1.0)),
+    "meta is a list": json.dumps(fresh_entry(meta=[1])),
+    "meta lacks the stamp": json.dumps(fresh_entry(meta={"key": KEY, "created": 1.0, "calibration_s": 1.0})),
+    "stamp is a string": json.dumps(with_meta(stamp="fresh")),
+    "the key is another": json.dumps(with_meta(key={"device": "another"})),
+    "no format": json.dumps({k: v for k, v in fresh_entry().items() if k != "format"}),
+    "format is a string": json.dumps(fresh_entry(format="2")),
+    "an unknown field": json.dumps(fresh_entry(extra=1)),
+    "points is a list": json.dumps(fresh_entry(points=[0.01])),
+    "no AR entry": json.dumps(fresh_entry(points={"chain1": {"2": 0.01}})),
+    "a plan without points": json.dumps(fresh_entry(points={"ar": {}})),
+    "a plan's points are a list": json.dumps(fresh_entry(points={"ar": [0.01]})),
+    "seconds is a string": json.dumps(fresh_entry(points={"ar": {"2": "0.01"}})),
+    "seconds is null": json.dumps(fresh_entry(points={"ar": {"2": None}})),
+    "seconds is a bool": json.dumps(fresh_entry(points={"ar": {"2": True}})),
+    "seconds is an object": json.dumps(fresh_entry(points={"ar": {"2": {"s": 0.01}}})),
+    "seconds past float": json.dumps(fresh_entry(points={"ar": {"2": 10**400}})),
+    "rows 0": json.dumps(fresh_entry(points={"ar": {"0": 0.01}})),
+    "rows negative": json.dumps(fresh_entry(points={"ar": {"-2": 0.01}})),
+    "rows with a leading zero": json.dumps(fresh_entry(points={"ar": {"02": 0.01}})),
+    "rows with a space": json.dumps(fresh_entry(points={"ar": {" 2": 0.01}})),
+    "rows a float": json.dumps(fresh_entry(points={"ar": {"2.0": 0.01}})),
+    "rows in other digits": json.dumps(fresh_entry(points={"ar": {"\u0662": 0.01}})),
+    "rows past int32": json.dumps(fresh_entry(points={"ar": {"99999999999": 0.01}})),
+    "acceptance is a list": json.dumps(fresh_entry(acceptance=[0.5])),
+    "rates are a string": json.dumps(fresh_entry(acceptance={"sampled": "0.5"})),
+    "rates are an object": json.dumps(fresh_entry(acceptance={"sampled": {"0.5": 1}})),
+    "a rate is a string": json.dumps(fresh_entry(acceptance={"sampled": ["0.5"]})),
+    "a rate is 1": json.dumps(fresh_entry(acceptance={"sampled": [1.0]})),
+    "an unknown family": json.dumps(fresh_entry(acceptance={"greedy": [0.5]})),
+    "not UTF-8": b"\xff\xfe{}",
+    "the top level is a number": "3",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("label", list(MALFORMED))
+def test_malformed_entries_warn_corrupt_and_are_measured_again(tmp_path, label):
+    text = MALFORMED[label]
+    path = costs.cache_path(KEY, tmp_path)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert_measured_again(tmp_path)
+    assert costs.cached_cost_model(KEY, Measure(), directory=tmp_path).meta["source"] == "cache"  # rewritten
+
+
+def test_a_folder_entry_warns_and_the_run_goes_on(tmp_path):
+    """A folder where the entry belongs: corrupt, measured, and the write (which cannot replace a folder)
+    warns too; the folder and what it holds stay, and no temporary file is left."""
+    path = costs.cache_path(KEY, tmp_path)
+    path.mkdir()
+    (path / "inside").write_text("kept")
+    measure = Measure()
+    with pytest.warns(RuntimeWarning) as caught:
+        model = costs.cached_cost_model(KEY, measure, directory=tmp_path)
+    messages = [str(w.message) for w in caught]
+    assert any("a folder" in m and "corrupt" in m for m in messages), messages
+    assert any("could not be written" in m for m in messages), messages
+    assert model.meta["source"] == "measured" and measure.calls == 1
+    assert (path / "inside").read_text() == "kept" and not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("seconds", ["1e999", "-1e999", "Infinity", "NaN", "1e-300", "5e-324", "0", "-0.01",
+                                     "1e300"])
+def test_absurd_timings_are_corrupt(tmp_path, seconds):
+    """The planner divides expected tokens by these seconds: each must be finite, in [MIN_STEP_S,
+    MAX_STEP_S]."""
+    text = json.dumps(fresh_entry()).replace('"16": 0.02', f'"16": {seconds}')
+    assert seconds in text
+    costs.cache_path(KEY, tmp_path).write_text(text)
+    model = assert_measured_again(tmp_path)
+    planner = Planner(model, [AR_PLAN, Plan("chain1", "chain", depth=1)])
+    assert planner.choose(rows=16, n_active=16, rows_reaching=[16]).tokens_per_s > 0
+
+
+@pytest.mark.parametrize("seconds", [costs.MIN_STEP_S, costs.MAX_STEP_S])
+def test_timings_at_the_bounds_are_read_back(tmp_path, seconds):
+    data = fresh_entry()
+    data["points"]["ar"]["16"] = seconds
+    costs.cache_path(KEY, tmp_path).write_text(json.dumps(data))
+    model = costs.cached_cost_model(KEY, Measure(), directory=tmp_path)
+    assert model.meta["source"] == "cache" and model.points["ar"][16] == seconds
+    planner = Planner(model, [AR_PLAN, Plan("chain1", "chain", depth=1)])
+    assert 0 < planner.choose(rows=16, n_active=16, rows_reaching=[16]).tokens_per_s < math.inf
+
+
+# ---- the writer: a failure warns, a unique temporary file, the user's umask -----------------------------
+
+def test_a_cache_that_is_a_file_warns_and_the_measurement_is_used(tmp_path, monkeypatch):
+    """LANTERN_CACHE naming a file: nothing to read, the write fails with a warning, the model is used."""
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file")
+    monkeypatch.setenv("LANTERN_CACHE", str(not_a_folder))
+    measure = Measure()
+    with pytest.warns(RuntimeWarning, match="could not be written") as caught:
+        model = costs.cached_cost_model(KEY, measure)
+    assert len(caught) == 1 and model.meta["source"] == "measured" and model.points == Measure()()
+    assert not_a_folder.read_text() == "a file"
+
+
+def test_a_folder_no_one_can_write_warns_and_the_measurement_is_used(tmp_path):
+    """/proc takes no new folders or files, even from root."""
+    measure = Measure()
+    with pytest.warns(RuntimeWarning, match="could not be written"):
+        model = costs.cached_cost_model(KEY, measure, directory=Path("/proc/lantern-cost-cache"))
+    assert model.meta["source"] == "measured" and measure.calls == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_folder_warns_and_the_measurement_is_used(tmp_path):
+    tmp_path.chmod(0o555)
+    try:
+        with pytest.warns(RuntimeWarning, match="could not be written"):
+            model = costs.cached_cost_model(KEY, Measure(), directory=tmp_path)
+    finally:
+        tmp_path.chmod(0o755)
+    assert model.meta["source"] == "measured" and not list(tmp_path.iterdir())
+
+
+def test_generation_goes_on_when_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    """tree="auto" end to end with LANTERN_CACHE a file: the calibration's model plans the run."""
+    from lantern.decoding import generate_spec
+
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file")
+    monkeypatch.setenv("LANTERN_CACHE", str(not_a_folder))
+    torch.manual_seed(0)
+    target = build_gpt("GPT-tiny", block_size=16, n_layer=1).eval()
+    drafter = EagleDrafter(target.config).bind(target).eval()
+    config = SpecConfig(method="spec", plans=[AR_PLAN, Plan("chain2", "chain", depth=2)])
+    with pytest.warns(RuntimeWarning, match="could not be written"):
+        tokens, stats = generate_spec(target, drafter, torch.tensor([0, 1]), config=config, length=8)
+    assert tokens.shape == (2, 8) and stats.planner["cost_model"]["source"] == "measured"
+
+
+def test_the_write_never_follows_a_link_at_a_temporary_name(tmp_path):
+    """Links planted at every name a writer could have predicted (the entry's name with the pid, or with
+    .tmp) lead to a victim file: it is never written, and the entry is a regular file."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    path = costs.cache_path(KEY, tmp_path)
+    for name in (path.with_suffix(f".{os.getpid()}.tmp"), path.with_suffix(".tmp"), Path(f"{path}.tmp")):
+        name.symlink_to(victim)
+    costs.cached_cost_model(KEY, Measure(), directory=tmp_path)
+    assert victim.read_text() == "precious"
+    assert stat.S_ISREG(os.lstat(path).st_mode) and costs.parse_entry(path.read_bytes()).points == Measure()()
+
+
+def test_concurrent_writers_use_their_own_temporary_files(tmp_path):
+    """Threads of one process measuring the same entry at once: no error, no warning, a whole entry at the
+    end, no temporary file left."""
+    errors = []
+
+    def writer():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                for _ in range(40):
+                    costs.cached_cost_model(KEY, Measure(), directory=tmp_path, remeasure=True)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert [p.name for p in tmp_path.iterdir()] == [costs.cache_path(KEY, tmp_path).name]
+    assert costs.cached_cost_model(KEY, Measure(), directory=tmp_path).meta["source"] == "cache"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_the_entry_is_created_with_the_users_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        costs.cached_cost_model(KEY, Measure(), directory=tmp_path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(costs.cache_path(KEY, tmp_path)).st_mode) == 0o666 & ~umask

@@ -131,6 +131,22 @@ def test_default_keys_are_row_and_block_index(backend, device):
     assert_continuous_agree(default, explicit, rtol=0, atol=0)
 
 
+def test_numpy_scalar_settings_mean_their_python_numbers(backend, device):
+    """np.float32 bandwidth, np.int64 max_tries, np.uint64 seed, np.int32 offset: read as the Python numbers
+    they hold (lantern.ops' rule for every op), not refused."""
+    import numpy as np
+
+    block = on(device, continuous_block(4, 2, 5, 3, gap=2.0))
+    plain = dict(rule="paper", bandwidth=2.5, sigma_ratio="code", max_tries=3, seed=2**63 + 7, offset=2**32 - 2)
+    numpy = dict(plain, bandwidth=np.float32(2.5), max_tries=np.int64(3), seed=np.uint64(2**63 + 7),
+                 offset=np.uint32(2**32 - 2))
+    want = lantern.ops.continuous_verify(**block, **plain)
+    assert_continuous_agree(lantern.ops.continuous_verify(**block, **numpy), want, rtol=0, atol=0)
+    assert want.accepted.any() and (want.tries > 0).any()
+    with pytest.raises(ValueError, match="max_tries"):
+        lantern.ops.continuous_verify(**block, max_tries=np.bool_(True))
+
+
 def _bad(block: dict, name: str, value) -> dict:
     return dict(block, **{name: value})
 

@@ -9,13 +9,27 @@ segment (time grows linearly with the tokens per forward once the device is busy
 The cache is one small JSON file per (device, target and drafter fingerprints, dtype, threads, sampling
 mode) under ``lantern.neighbours.cache_dir()``. A file is measured again when stale (another format, torch
 version or fused backend, or older than ``MAX_AGE_DAYS``) or corrupt (with a warning; never trusted).
+
+The cache is only a shortcut and never a reason to fail. A reader takes only a regular file of at most
+``MAX_FILE_BYTES``: it does not follow a symbolic link and does not block on a FIFO. The whole schema is
+checked: every type, rows in [1, ``MAX_ROWS``], seconds in [``MIN_STEP_S``, ``MAX_STEP_S``], an AR entry, and
+acceptance rates in [0, 1). Anything else is reported as corrupt (a RuntimeWarning) and measured again.
+A write goes to a new ``tempfile.mkstemp`` file beside the entry (the user's umask applies), which then
+replaces the entry. A failed write (a read-only folder, ``LANTERN_CACHE`` naming a file) warns, and the
+run uses its measurement.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
+import re
+import stat
+import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -27,6 +41,11 @@ from .planner import checked_rates
 
 FORMAT = 2
 MAX_AGE_DAYS = 30
+MAX_FILE_BYTES = 4 << 20  # a cache file holds tens of points per plan: a few KB
+# A step's seconds are bounded because the planner divides tokens by them. No decoding step (a forward)
+# takes under 100 ns, and none takes hours.
+MIN_STEP_S, MAX_STEP_S = 1e-7, 1e4
+MAX_ROWS = 2**31 - 1
 
 
 class CostModel:
@@ -43,9 +62,9 @@ class CostModel:
                 raise ValueError(f"cost model: plan {name!r} has no measured point")
             clean = {}
             for rows, seconds in by_rows.items():
-                if int(rows) < 1 or not float(seconds) > 0.0:
-                    raise ValueError(f"cost model: plan {name!r} needs rows >= 1 and seconds > 0, "
-                                     f"got {rows} rows, {seconds} s")
+                if not 1 <= int(rows) <= MAX_ROWS or not MIN_STEP_S <= float(seconds) <= MAX_STEP_S:
+                    raise ValueError(f"cost model: plan {name!r} needs rows in [1, {MAX_ROWS}] and seconds in "
+                                     f"[{MIN_STEP_S}, {MAX_STEP_S}], got {rows} rows, {seconds} s")
                 clean[int(rows)] = float(seconds)
             self.points[name] = dict(sorted(clean.items()))
         self.meta = dict(meta or {})
@@ -73,11 +92,85 @@ class CostModel:
                 "points": {name: {str(r): s for r, s in pts.items()} for name, pts in self.points.items()}}
 
     @classmethod
-    def from_json(cls, data: dict) -> "CostModel":
-        if not isinstance(data, dict) or not isinstance(data.get("points"), dict):
-            raise ValueError("not a lantern cost model (no 'points' table)")
-        return cls({name: {int(r): float(s) for r, s in pts.items()} for name, pts in data["points"].items()},
-                   data.get("meta", {}), data.get("acceptance") or {})
+    def from_json(cls, data) -> "CostModel":
+        """The model a cache file holds; a ValueError naming the first field that breaks the schema (every
+        field of ``to_json``, no other, each of its type and range; an AR entry)."""
+        _fields(data, "the file", ("format", "meta", "acceptance", "points"))
+        if not _is_int(data["format"]) or data["format"] != FORMAT:
+            raise ValueError(f"format must be {FORMAT}, got {data['format']!r}")
+        return cls(_checked_points(data["points"]), _checked_meta(data["meta"]),
+                   _checked_acceptance(data["acceptance"]))
+
+
+# -- the cache file's schema ------------------------------------------------------------------------------
+
+def _fields(data, what: str, names: Sequence[str]) -> None:
+    """ValueError unless ``data`` is a dict with exactly the keys ``names``."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(data).__name__}")
+    if set(data) != set(names):
+        raise ValueError(f"{what} must have the fields {sorted(names)}, got {sorted(data)}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _finite_number(what: str, x) -> float:
+    """x as a float when it is a finite JSON number (not a bool), else a ValueError naming ``what``."""
+    if _is_int(x) and abs(x) <= sys.float_info.max:
+        return float(x)
+    if not isinstance(x, float) or not math.isfinite(x):
+        raise ValueError(f"{what} must be a finite number, got {x!r:.40}")
+    return x
+
+
+ROW_KEY = re.compile(r"[1-9][0-9]{0,9}")  # a row count as to_json writes it (no sign, zeros or spaces)
+
+
+def _checked_points(points) -> Dict[str, Dict[int, float]]:
+    if not isinstance(points, dict) or "ar" not in points:
+        raise ValueError(f"points must be a JSON object with an 'ar' entry, got {type(points).__name__}")
+    out = {}
+    for name, by_rows in points.items():
+        if not isinstance(by_rows, dict):
+            raise ValueError(f"points[{name!r}] must be a JSON object, got {type(by_rows).__name__}")
+        out[name] = {}
+        for rows, seconds in by_rows.items():
+            if not ROW_KEY.fullmatch(rows) or int(rows) > MAX_ROWS:
+                raise ValueError(f"points[{name!r}]: a row count must be an int in [1, {MAX_ROWS}], got {rows!r}")
+            out[name][int(rows)] = _finite_number(f"points[{name!r}][{rows!r}]", seconds)
+    return out  # the ranges: CostModel's
+
+
+META_FIELDS = ("key", "stamp", "created", "calibration_s")  # what a cache file's meta holds
+
+
+def _checked_meta(meta) -> dict:
+    """meta's fields, each of its type; a model's own JSON may leave them out, a cache file may not
+    (``parse_entry``)."""
+    if not isinstance(meta, dict) or not set(meta) <= set(META_FIELDS):
+        raise ValueError(f"meta must be a JSON object with fields among {list(META_FIELDS)}, got "
+                         f"{sorted(meta) if isinstance(meta, dict) else type(meta).__name__}")
+    for name in ("key", "stamp"):
+        if name in meta and not isinstance(meta[name], dict):
+            raise ValueError(f"meta.{name} must be a JSON object, got {type(meta[name]).__name__}")
+    if "created" in meta:
+        _finite_number("meta.created", meta["created"])
+    if "calibration_s" in meta and _finite_number("meta.calibration_s", meta["calibration_s"]) < 0:
+        raise ValueError(f"meta.calibration_s must be >= 0, got {meta['calibration_s']!r}")
+    return meta
+
+
+def _checked_acceptance(acceptance) -> Dict[str, List[float]]:
+    if not isinstance(acceptance, dict):
+        raise ValueError(f"acceptance must be a JSON object, got {type(acceptance).__name__}")
+    for family, rates in acceptance.items():
+        if not isinstance(rates, list):
+            raise ValueError(f"acceptance[{family!r}] must be a list, got {type(rates).__name__}")
+        for r in rates:
+            _finite_number(f"acceptance[{family!r}]", r)
+    return acceptance  # the families and ranges: checked_rates
 
 
 # -- keys -------------------------------------------------------------------------------------------------
@@ -122,32 +215,121 @@ def cache_path(key: dict, directory: Optional[Path] = None) -> Path:
 
 # -- the cache --------------------------------------------------------------------------------------------
 
-def _read(path: Path, key: dict, stamp: dict, max_age_days: float) -> Optional[CostModel]:
-    """The cached model, or None when absent or stale; a corrupt file warns and gives None."""
-    if not path.exists():
-        return None
+class Unusable(ValueError):
+    """A cache entry that is not a regular file of at most MAX_FILE_BYTES."""
+
+
+KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+         (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def _regular(mode: int, size: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in KINDS if test(mode)), "not a regular file")
+        raise Unusable(f"it is {kind}, not a regular file")
+    if size > MAX_FILE_BYTES:
+        raise Unusable(f"it holds {size} bytes, more than a cost model's {MAX_FILE_BYTES}")
+
+
+def read_entry(path: Path) -> Optional[bytes]:
+    """The bytes of the cache entry at ``path``, or None when there is none (no entry, or its folder is
+    missing or not a folder). Unusable when it is not a regular file of at most MAX_FILE_BYTES. lstat
+    judges the entry before it is opened; the open neither follows a link nor waits for a FIFO's writer,
+    and the opened file is judged again (it may have been swapped between the two), then read up to the
+    cap."""
     try:
-        data = json.loads(path.read_text())
-        model = CostModel.from_json(data)
-        meta = model.meta
-        if meta.get("key") != key:
-            raise ValueError("its key does not match its file name")
-    except (ValueError, TypeError, KeyError, AttributeError) as err:  # JSONDecodeError is a ValueError
-        warnings.warn(f"lantern: the cost-model cache {path} is corrupt ({err}); measuring again", RuntimeWarning)
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    if meta.get("stamp") != stamp:
+    _regular(info.st_mode, info.st_size)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:  # removed since the lstat
         return None
-    age_days = (time.time() - float(meta.get("created", 0.0))) / 86400.0
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        _regular(info.st_mode, info.st_size)
+        data = f.read(MAX_FILE_BYTES + 1)
+    _regular(stat.S_IFREG, len(data))  # it grew after the fstat
+    return data
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a number a cost model holds")
+
+
+def parse_entry(data: bytes) -> Optional[CostModel]:
+    """The model in a cache file's bytes: UTF-8 JSON of ``CostModel.to_json``'s schema (no NaN or
+    Infinity), else a ValueError (or RecursionError, for JSON nested too deep to parse). None for a file
+    of another FORMAT: stale, not corrupt (another lantern version wrote it)."""
+    parsed = json.loads(data.decode("utf-8"), parse_constant=_no_constants)
+    if isinstance(parsed, dict) and _is_int(parsed.get("format")) and parsed["format"] != FORMAT:
+        return None
+    model = CostModel.from_json(parsed)
+    _fields(model.meta, "meta", META_FIELDS)
+    return model
+
+
+def _warn(path: Path, reason: str) -> None:
+    warnings.warn(f"lantern: the cost-model cache {path} is corrupt or unreadable ({reason}); measuring again",
+                  RuntimeWarning, stacklevel=3)
+
+
+def _read(path: Path, key: dict, stamp: dict, max_age_days: float) -> Optional[CostModel]:
+    """The cached model, or None when absent or stale; a corrupt or unreadable entry warns and gives None."""
+    try:
+        data = read_entry(path)
+        model = None if data is None else parse_entry(data)
+    except (ValueError, TypeError, RecursionError, OSError) as err:  # JSONDecodeError, UnicodeError: ValueError
+        _warn(path, f"{type(err).__name__}: {err}")
+        return None
+    if model is None:
+        return None
+    meta = model.meta
+    if meta["key"] != key:
+        _warn(path, "its key does not match its file name")
+        return None
+    if meta["stamp"] != stamp:
+        return None
+    age_days = (time.time() - meta["created"]) / 86400.0
     if not 0.0 <= age_days <= max_age_days:
         return None
     return model
 
 
+def _umask() -> int:
+    """The process's umask: from /proc where Linux shows it, else set and restored at once."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write(path: Path, model: CostModel) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(model.to_json(), indent=1, sort_keys=True))
-    os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+    """Write the model to a new unique file beside ``path`` (created exclusively, so never through a link
+    someone placed there; mode 0666 less the umask), then move it over ``path`` (atomic: a concurrent reader
+    sees the old file or the new one). A failure warns: the caller's model is good without the cache."""
+    text = json.dumps(model.to_json(), indent=1, sort_keys=True, allow_nan=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as err:
+        warnings.warn(f"lantern: the cost-model cache {path} could not be written ({type(err).__name__}: {err}); "
+                      f"this run uses its measurement without caching it", RuntimeWarning, stacklevel=3)
 
 
 def cached_cost_model(key: dict, measure: Callable[..., Mapping], *, rows: Optional[Sequence[int]] = None,

@@ -134,6 +134,7 @@ def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, r
     log-std sums over the non-final steps [B, N]; rule "exact" | "paper" (bandwidth, sigma_ratio "paper" |
     "code"); Philox keys rows [B] and positions [B, N] (default b and n). See
     ``reference.continuous_verify`` for the definition."""
+    bandwidth, max_tries, seed, offset = map(checks.plain, (bandwidth, max_tries, seed, offset))
     checks.check_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth,
                                    sigma_ratio, max_tries, seed, offset, rows, positions)
     impl = _backend.dispatch("continuous_verify", draft.device)
