@@ -1,0 +1,99 @@
+"""A Hugging Face ``Cache`` over lantern's KV layout, with a length per row.
+
+HF's caches keep one length for the whole batch; lantern's loop accepts a different number of drafts in each
+row, so a row's committed prefix ends where its own ``cache_len`` says. ``RowCache`` stores every layer's K/V in
+one tensor [n_layer, 2, rows, Hkv, Lmax, Dh] (the layout ``ops.compact_kv`` compacts, the same as lantern's
+GPT), and a forward writes node t of row b at cache_len[b] + t. What each query may see is the 4D mask the
+adapter passes to the model (``tree_attention_mask``), which HF's attention functions take as given.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from transformers.cache_utils import Cache
+
+from ..ops.reference.tree import unpack_bits
+
+
+class RowCache(Cache):
+    """K/V of ``n_layer`` layers in one tensor; ``begin(cache_len, n_keys)`` before each forward says where its
+    nodes go (cache_len [R] int64) and how many positions the attention reads (n_keys, >= max(cache_len) + T)."""
+
+    def __init__(self, n_layer: int, rows: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        super().__init__(layers=[])
+        self.n_layer = n_layer
+        self.kv = torch.zeros(n_layer, 2, rows, kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.cache_len: Optional[torch.Tensor] = None
+        self.n_keys = 0
+
+    def __len__(self) -> int:
+        return self.n_layer
+
+    @property
+    def max_len(self) -> int:
+        return self.kv.shape[4]
+
+    def begin(self, cache_len: torch.Tensor, n_keys: int) -> None:
+        self.cache_len, self.n_keys = cache_len, n_keys
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key_states / value_states [R, Hkv, T, Dh] -> this layer's keys and values [R, Hkv, n_keys, Dh]
+        (views of the cache) after writing them at cache_len + t."""
+        R, Hkv, T, _ = key_states.shape
+        dev = self.kv.device
+        slots = self.cache_len[:, None] + torch.arange(T, device=dev)  # [R, T]
+        index = (torch.full((1, 1, 1, 1), layer_idx, dtype=torch.int64, device=dev),
+                 torch.arange(2, device=dev).view(2, 1, 1, 1),  # k, v
+                 torch.arange(R, device=dev).view(1, R, 1, 1), torch.arange(Hkv, device=dev).view(1, 1, Hkv, 1),
+                 slots.view(1, R, 1, T))
+        new = torch.stack([key_states, value_states]).to(self.kv.dtype)  # [2, R, Hkv, T, Dh]
+        self.kv.index_put_(index, new)
+        layer = self.kv[layer_idx, :, :R, :, : self.n_keys]  # [2, R, Hkv, n_keys, Dh]
+        return layer[0], layer[1]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Not one number for a ragged batch: the adapter always passes position ids, so HF never asks."""
+        raise NotImplementedError("RowCache has a length per row; pass position_ids")
+
+    def get_mask_sizes(self, *args, **kwargs):
+        raise NotImplementedError("RowCache needs the 4D attention mask of tree_attention_mask")
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_sliding(self):
+        return [False] * self.n_layer
+
+    @property
+    def is_linear(self):
+        return [False] * self.n_layer
+
+
+def tree_attention_mask(cache_len: torch.Tensor, tree_mask: torch.Tensor, T: int, n_keys: int) -> torch.Tensor:
+    """bool [R, 1, T, n_keys], True = attend: node i of row b sees the row's committed positions
+    j < cache_len[b] and the positions cache_len[b] + a of its ancestors a (itself included) in the packed
+    ancestor bits tree_mask [R, T, ceil(T/32)] (``ops.ancestor_mask``)."""
+    R = cache_len.shape[0]
+    rel = torch.arange(n_keys, device=cache_len.device)[None, :] - cache_len[:, None]  # [R, n_keys] node index
+    ancestors = unpack_bits(tree_mask, T)  # [R, T, T]
+    in_tree = ancestors.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(R, T, n_keys))  # [R, T, n_keys]
+    mask = (rel < 0)[:, None, :] | (in_tree & (rel < T)[:, None, :])
+    return mask[:, None]
+
+
+def prompt_attention_mask(valid: torch.Tensor) -> torch.Tensor:
+    """valid [R, W] bool (a prompt position holds a token) -> bool [R, 1, W, W]: causal over the valid positions,
+    and each position sees itself (a padding query's row is never all masked; its output is not used)."""
+    W = valid.shape[1]
+    j = torch.arange(W, device=valid.device)
+    causal = j[None, :] <= j[:, None]  # [W, W]
+    mask = causal & valid[:, None, :] | torch.eye(W, dtype=torch.bool, device=valid.device)
+    return mask[:, None]
+
+
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as the additive float mask of HF's "eager" attention (0 = attend, the dtype's min = not)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
