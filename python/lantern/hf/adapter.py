@@ -134,8 +134,10 @@ class HFTarget:
             raise ValueError("guidance needs the prompt encoded with guided=True (encode_prompt)")
         return torch.cat([cond[:, 0], cond[:, 1]])
 
+    @torch.no_grad()
     def __call__(self, tokens=None, cond_idx=None, *, cache_len, positions=None, tree_mask=None,
                  return_hidden=False, emb_masks=None):
+        """The Target forward (``target.Target``); inference only (no autograd)."""
         if emb_masks is not None:
             raise ValueError("emb_masks is LlamaGen's caption padding; a prompt's padding is in its attention_mask")
         if self.cache is None:

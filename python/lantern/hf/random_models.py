@@ -21,10 +21,13 @@ SHAPES: Dict[str, dict] = {
 }
 
 
-def _shape(shape: str) -> dict:
+def _shape(shape: str, overrides: dict) -> dict:
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {sorted(SHAPES)}, got {shape!r}")
-    return SHAPES[shape]
+    unknown = set(overrides) - set(SHAPES[shape])
+    if unknown:
+        raise ValueError(f"unknown shape fields {sorted(unknown)}; known: {sorted(SHAPES[shape])}")
+    return {**SHAPES[shape], **overrides}
 
 
 def _text(s: dict, vocab: int, **extra) -> dict:
@@ -33,12 +36,12 @@ def _text(s: dict, vocab: int, **extra) -> dict:
                 **extra)
 
 
-def janus_config(shape: str = "tiny"):
+def janus_config(shape: str = "tiny", **overrides):
     """A JanusConfig: text vocabulary s["vocab"], image codes s["codes"] on a side x side grid. Special ids
     (tiny): BOS 1, pad 0, BOI vocab - 2, image placeholder vocab - 1."""
     from transformers import JanusConfig
 
-    s = _shape(shape)
+    s = _shape(shape, overrides)
     side, vocab, proj = s["side"], s["vocab"], s["hidden"]
     return JanusConfig(
         text_config=dict(model_type="llama", **_text(s, vocab)),
@@ -57,12 +60,12 @@ def janus_tokens(config) -> dict:
     return dict(bos_token_id=1, boi_token_id=vocab - 2, pad_token_id=0)
 
 
-def emu3_config(shape: str = "tiny"):
+def emu3_config(shape: str = "tiny", **overrides):
     """An Emu3Config whose vocabulary holds s["vocab"] text tokens, then the codes' visual tokens, then
     <|extra_200|> (row end), <|extra_201|> (end of frame), <|image start|>, <|image token|>, <image>."""
     from transformers import Emu3Config
 
-    s = _shape(shape)
+    s = _shape(shape, overrides)
     n_text, codes = s["vocab"], s["codes"]
     vmap = {f"t{i}": i for i in range(n_text)}
     vmap.update({f"<|visual token {c:06d}|>": n_text + c for c in range(codes)})
@@ -76,12 +79,12 @@ def emu3_config(shape: str = "tiny"):
         vocabulary_map=vmap)
 
 
-def chameleon_config(shape: str = "tiny"):
+def chameleon_config(shape: str = "tiny", **overrides):
     """A ChameleonConfig whose vocabulary holds s["vocab"] text tokens (t1 = <racm3:break>, t2 = <eoss>),
     then the codes' IMGIMG tokens, then <image>."""
     from transformers import ChameleonConfig
 
-    s = _shape(shape)
+    s = _shape(shape, overrides)
     n_text, codes = s["vocab"], s["codes"]
     letters = {str(i): chr(ord("A") + i) for i in range(10)}
     vmap = {f"t{i}": i for i in range(n_text)}
@@ -95,8 +98,9 @@ def chameleon_config(shape: str = "tiny"):
 
 
 def random_model(kind: str, shape: str = "tiny", *, seed: int = 0, std: float = 0.2, dtype=torch.float32,
-                 device="cpu", attn_implementation: str = "sdpa"):
-    """kind "janus" | "emu3" | "chameleon" -> the model in eval mode, weights N(0, std^2) (norm weights 1)."""
+                 device="cpu", attn_implementation: str = "sdpa", **overrides):
+    """kind "janus" | "emu3" | "chameleon" -> the model in eval mode, weights N(0, std^2) (norm weights 1);
+    overrides replace fields of the shape (codes=5, side=8, ...)."""
     import transformers
 
     configs = {"janus": (janus_config, transformers.JanusForConditionalGeneration),
@@ -105,7 +109,7 @@ def random_model(kind: str, shape: str = "tiny", *, seed: int = 0, std: float = 
     if kind not in configs:
         raise ValueError(f"kind must be one of {sorted(configs)}, got {kind!r}")
     make_config, cls = configs[kind]
-    config = make_config(shape)
+    config = make_config(shape, **overrides)
     config._attn_implementation = attn_implementation
     for sub in ("text_config", "vision_config", "vq_config"):
         if getattr(config, sub, None) is not None:
@@ -113,10 +117,10 @@ def random_model(kind: str, shape: str = "tiny", *, seed: int = 0, std: float = 
     torch.manual_seed(seed)
     with torch.device(device):
         model = cls(config).to(dtype)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
                 continue
-            p.copy_(torch.randn(p.shape, generator=generator) * std)
+            p.copy_(torch.randn(p.shape, generator=generator, device=device) * std)
     return model.eval()
