@@ -70,7 +70,7 @@ def _janus_tokens(model, bos, boi, pad):
     gen = model.generation_config
     bos = gen.bos_token_id if bos is None else bos
     pad = gen.pad_token_id if pad is None else pad
-    boi = (gen.generation_kwargs or {}).get("boi_token_id") if boi is None else boi
+    boi = (getattr(gen, "generation_kwargs", None) or {}).get("boi_token_id") if boi is None else boi
     missing = [name for name, v in (("bos_token_id", bos), ("boi_token_id", boi), ("pad_token_id", pad)) if v is None]
     if missing:
         raise ValueError(f"Janus's unconditional prompt needs {', '.join(missing)}: the model's generation config "
