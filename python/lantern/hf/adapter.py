@@ -104,6 +104,7 @@ class HFTarget:
         self.cache: Optional[RowCache] = None
         self.cond_keys: Optional[torch.Tensor] = None
         self.next_pos: Optional[torch.Tensor] = None  # [rows] position id of image token 0
+        self.pos_offset: Optional[torch.Tensor] = None  # [rows] next_pos - cond_keys
 
     # -- the Target protocol ------------------------------------------------------------------------
 
@@ -118,15 +119,17 @@ class HFTarget:
                               device if device is not None else weight.device)
         self.cond_keys = torch.zeros(batch, dtype=torch.int64, device=weight.device)
         self.next_pos = torch.zeros(batch, dtype=torch.int64, device=weight.device)
+        self.pos_offset = torch.zeros(batch, dtype=torch.int64, device=weight.device)
         return self.cache.kv
 
     def keep_cache_rows(self, rows: torch.Tensor) -> None:
         self.cache.kv = self.cache.kv.index_select(2, rows)
         self.cond_keys = self.cond_keys.index_select(0, rows)
         self.next_pos = self.next_pos.index_select(0, rows)
+        self.pos_offset = self.pos_offset.index_select(0, rows)
 
     def free_cache(self) -> None:
-        self.cache = self.cond_keys = self.next_pos = None
+        self.cache = self.cond_keys = self.next_pos = self.pos_offset = None
 
     def double_for_cfg(self, cond: torch.Tensor) -> torch.Tensor:
         """[B, 2 (cond, uncond), 2, 1 + W] -> [2B, 2, 1 + W] (``encode_prompt`` built both halves)."""
@@ -158,8 +161,8 @@ class HFTarget:
 
     def _decoder(self, embeds, mask, position_ids, cache_len, n_keys) -> torch.Tensor:
         """The model's decoder over embeds [R, T, D] writing at cache_len -> last hidden states [R, T, D]."""
-        self.cache.begin(cache_len, n_keys)
-        if self.rules.attention_implementation == "eager":
+        self.cache.begin(cache_len, embeds.shape[1], n_keys, uniform=mask is None)
+        if mask is not None and self.rules.attention_implementation == "eager":
             mask = additive(mask, embeds.dtype)
         return self.rules.decode(embeds, mask, position_ids, self.cache)
 
@@ -183,26 +186,36 @@ class HFTarget:
         ops.compact_kv(self.cache.kv, zero, kept, n_real)
         self.cond_keys[:R] = n_real
         self.next_pos[:R] = cond[:, 1, 0]
+        self.pos_offset[:R] = self.next_pos[:R] - n_real  # position id - cache position of every image token
         return hidden[:, -1:]  # the last column holds each row's last real token (encode_prompt left-pads)
 
-    def _tree(self, tokens, cache_len, positions, tree_mask) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _tree(self, tokens, cache_len, positions, tree_mask) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """-> (hidden [R, T, D], the nodes' raster positions [R, T], or None for a chain after the committed
+        tokens: the loops' AR steps, whose positions the adapter needs only for row ends)."""
         R, T = tokens.shape
-        dev = tokens.device
         if cache_len.shape != (R,) or cache_len.dtype != torch.int64:
             raise ValueError(f"cache_len must be int64 [{R}], got {cache_len.dtype} {list(cache_len.shape)}")
-        if positions is None:  # a chain after the committed tokens
-            positions = (cache_len - self.cond_keys[:R])[:, None] + torch.arange(T, device=dev)
-        if tree_mask is None:
-            tree_mask = pack_bits(torch.ones(T, T, dtype=torch.bool, device=dev).tril()).expand(R, -1, -1)
-        n_keys = int(cache_len.max()) + T  # the one host read of a forward: the attention's key count
+        steps = _arange(T, tokens.device)
+        if positions is None:  # a chain after the committed tokens: position ids follow the cache positions
+            position_ids = (self.pos_offset[:R] + cache_len)[:, None] + steps
+            if self.config.row_end:
+                positions = (cache_len - self.cond_keys[:R])[:, None] + steps
+        else:
+            position_ids = self.next_pos[:R, None] + positions
+        if tree_mask is not None and _is_chain(tree_mask, T):
+            tree_mask = None  # the chain's mask without unpacking the bits (Jacobi windows, chains)
+        shortest, longest = torch.aminmax(cache_len).__iter__() if R > 1 else (cache_len[0], cache_len[0])
+        shortest, longest = torch.stack([shortest, longest]).tolist()  # the one host read of a forward
+        n_keys = longest + T  # the attention's key count
         if n_keys > self.cache.max_len:
             raise ValueError(f"cache_len + {T} nodes exceeds the cache's {self.cache.max_len} positions")
         if ops.checks.scan_values():
             ops.checks.in_range("tokens", tokens, 0, self.config.vocab_size)
-        embeds = self.tok_embeddings(tokens)  # [R, T, D]
-        mask = tree_attention_mask(cache_len, tree_mask, T, n_keys)
-        hidden = self._decoder(embeds, mask, self.next_pos[:R, None] + positions, cache_len, n_keys)
-        return hidden, positions
+        embeds = self.rules.embed_codes(tokens)  # [R, T, D]
+        # one node per row and every row as long: it sees every key, and HF's own mask for it (None: SDPA without
+        # a mask) is the cache's (``RowCache.get_mask_sizes``)
+        mask = None if T == 1 and shortest == longest else tree_attention_mask(cache_len, tree_mask, T, n_keys)
+        return self._decoder(embeds, mask, position_ids, cache_len, n_keys), positions
 
     def _structure(self, logits: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
         """Masks the codes at row ends and the row end elsewhere (models with row ends). positions [R, T] the
@@ -210,13 +223,12 @@ class HFTarget:
         if not self.config.row_end:
             return logits
         W1 = self.config.width + 1
-        predicts = 0 if positions is None else positions + 1
-        row_end = torch.as_tensor(predicts % W1 == W1 - 1, device=logits.device)  # [R, T] or []
-        if row_end.dim() == 0:
-            row_end = row_end.expand(logits.shape[:2])
-        code = torch.arange(logits.shape[-1], device=logits.device) < self.config.vocab_size - 1  # [V]
-        allowed = torch.where(row_end[..., None], ~code, code)  # [R, T, V]
-        return torch.where(allowed, logits, MASKED)
+        predicts = torch.zeros(logits.shape[:2], dtype=torch.int64, device=logits.device) if positions is None \
+            else positions + 1
+        row_end = predicts % W1 == W1 - 1  # [R, T]
+        logits[..., :-1].masked_fill_(row_end[..., None], MASKED)  # the codes, at a row end
+        logits[..., -1].masked_fill_(~row_end, MASKED)  # the row end, elsewhere
+        return logits
 
     # -- prompts, images ----------------------------------------------------------------------------
 
@@ -225,7 +237,7 @@ class HFTarget:
         view = object.__new__(HFTarget)
         view.__dict__.update(self.__dict__)
         view.config = replace(self.config, cond_len=prompt.shape[-1] - 1)
-        view.cache = view.cond_keys = view.next_pos = None
+        view.cache = view.cond_keys = view.next_pos = view.pos_offset = None
         return view
 
     def image_codes(self, sequence: torch.Tensor) -> torch.Tensor:
@@ -291,6 +303,26 @@ class HFTarget:
         from .generate import generate
 
         return generate(self, input_ids, **kwargs)
+
+
+_ARANGES: dict = {}  # (n, device) -> arange(n): the forwards' small index vectors, made once
+_CHAINS: dict = {}  # (T, device) -> the packed ancestor bits of a chain of T nodes [T, ceil(T/32)]
+
+
+def _arange(n: int, device) -> torch.Tensor:
+    key = (n, device)
+    if key not in _ARANGES:
+        _ARANGES[key] = torch.arange(n, device=device)
+    return _ARANGES[key]
+
+
+def _is_chain(tree_mask: torch.Tensor, T: int) -> bool:
+    """Whether every row's tree is the chain 0 <- 1 <- ... <- T-1 (one host read)."""
+    key = (T, tree_mask.device)
+    chain = _CHAINS.get(key)
+    if chain is None:
+        chain = _CHAINS[key] = pack_bits(torch.ones(T, T, dtype=torch.bool, device=tree_mask.device).tril())
+    return tree_mask.shape[1:] == chain.shape and bool((tree_mask == chain).all())
 
 
 def _checked_prompt(name: str, ids, mask) -> Tuple[torch.Tensor, torch.Tensor]:

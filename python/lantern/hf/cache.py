@@ -26,6 +26,8 @@ class RowCache(Cache):
         self.kv = torch.zeros(n_layer, 2, rows, kv_heads, max_len, head_dim, dtype=dtype, device=device)
         self.cache_len: Optional[torch.Tensor] = None
         self.n_keys = 0
+        self._heads: Optional[torch.Tensor] = None
+        self.T, self.uniform = 0, False
 
     def __len__(self) -> int:
         return self.n_layer
@@ -34,30 +36,37 @@ class RowCache(Cache):
     def max_len(self) -> int:
         return self.kv.shape[4]
 
-    def begin(self, cache_len: torch.Tensor, n_keys: int) -> None:
+    def begin(self, cache_len: torch.Tensor, T: int, n_keys: int, uniform: bool = False) -> None:
+        """The next forward writes T nodes per row at cache_len [R] + t and attends to n_keys positions;
+        uniform: every row's cache_len is n_keys - T."""
+        self.T, self.uniform = T, uniform
+        R, dev = cache_len.shape[0], cache_len.device
+        _, _, _, Hkv, Lmax, _ = self.kv.shape
         self.cache_len, self.n_keys = cache_len, n_keys
+        if self._heads is None or self._heads.shape[0] != R:
+            heads = torch.arange(R, device=dev)[:, None] * Hkv + torch.arange(Hkv, device=dev)  # [R, Hkv]
+            self._heads = heads[:, :, None] * Lmax  # [R, Hkv, 1] the first position of each (row, head)
+        slots = cache_len[:, None] + torch.arange(T, device=dev)  # [R, T]
+        self._flat = (self._heads + slots[:, None, :]).reshape(-1)  # [R Hkv T] into a layer's K
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """key_states / value_states [R, Hkv, T, Dh] -> this layer's keys and values [R, Hkv, n_keys, Dh]
         (views of the cache) after writing them at cache_len + t."""
-        R, Hkv, T, _ = key_states.shape
-        dev = self.kv.device
-        slots = self.cache_len[:, None] + torch.arange(T, device=dev)  # [R, T]
-        index = (torch.full((1, 1, 1, 1), layer_idx, dtype=torch.int64, device=dev),
-                 torch.arange(2, device=dev).view(2, 1, 1, 1),  # k, v
-                 torch.arange(R, device=dev).view(1, R, 1, 1), torch.arange(Hkv, device=dev).view(1, 1, Hkv, 1),
-                 slots.view(1, R, 1, T))
-        new = torch.stack([key_states, value_states]).to(self.kv.dtype)  # [2, R, Hkv, T, Dh]
-        self.kv.index_put_(index, new)
-        layer = self.kv[layer_idx, :, :R, :, : self.n_keys]  # [2, R, Hkv, n_keys, Dh]
-        return layer[0], layer[1]
+        R, Dh = key_states.shape[0], key_states.shape[-1]
+        keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]  # [rows, Hkv, Lmax, Dh], contiguous
+        keys.view(-1, Dh).index_copy_(0, self._flat, key_states.reshape(-1, Dh).to(keys.dtype))
+        values.view(-1, Dh).index_copy_(0, self._flat, value_states.reshape(-1, Dh).to(values.dtype))
+        return keys[:R, :, : self.n_keys], values[:R, :, : self.n_keys]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Not one number for a ragged batch: the adapter always passes position ids, so HF never asks."""
-        raise NotImplementedError("RowCache has a length per row; pass position_ids")
+        """The keys before this forward's nodes: one number only when every row has the same length (the
+        adapter then lets HF build the mask, see ``HFTarget._tree``)."""
+        if not self.uniform:
+            raise NotImplementedError("RowCache has a length per row; pass the 4D attention mask")
+        return self.n_keys - self.T
 
-    def get_mask_sizes(self, *args, **kwargs):
-        raise NotImplementedError("RowCache needs the 4D attention mask of tree_attention_mask")
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0):
+        return self.get_seq_length() + query_length, 0
 
     @property
     def is_compileable(self) -> bool:
@@ -72,12 +81,15 @@ class RowCache(Cache):
         return [False] * self.n_layer
 
 
-def tree_attention_mask(cache_len: torch.Tensor, tree_mask: torch.Tensor, T: int, n_keys: int) -> torch.Tensor:
+def tree_attention_mask(cache_len: torch.Tensor, tree_mask: Optional[torch.Tensor], T: int,
+                        n_keys: int) -> torch.Tensor:
     """bool [R, 1, T, n_keys], True = attend: node i of row b sees the row's committed positions
     j < cache_len[b] and the positions cache_len[b] + a of its ancestors a (itself included) in the packed
-    ancestor bits tree_mask [R, T, ceil(T/32)] (``ops.ancestor_mask``)."""
+    ancestor bits tree_mask [R, T, ceil(T/32)] (``ops.ancestor_mask``; None: a chain, causal)."""
     R = cache_len.shape[0]
     rel = torch.arange(n_keys, device=cache_len.device)[None, :] - cache_len[:, None]  # [R, n_keys] node index
+    if tree_mask is None:  # a chain: node i sees nodes 0..i
+        return (rel[:, None, :] <= torch.arange(T, device=rel.device)[None, :, None])[:, None]
     ancestors = unpack_bits(tree_mask, T)  # [R, T, T]
     in_tree = ancestors.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(R, T, n_keys))  # [R, T, n_keys]
     mask = (rel < 0)[:, None, :] | (in_tree & (rel < T)[:, None, :])
