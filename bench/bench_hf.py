@@ -25,7 +25,7 @@ import torch
 
 import lantern
 import lantern.hf
-from lantern.hf.random_models import janus_tokens, random_model
+from lantern.hf.random_models import SHAPES, janus_tokens, random_model
 
 from .common import Report, interleaved_medians
 
@@ -36,8 +36,8 @@ CACHED = 24  # codes committed before the timed forward
 def build(kind: str, shape: str, dtype, device):
     m = random_model(kind, shape, dtype=dtype, device=device)
     options = janus_tokens(m.config) if kind == "janus" else {}
-    if kind == "emu3":
-        side = {"tiny": 4}.get(shape, 32)
+    if kind in ("emu3", "chameleon"):
+        side = SHAPES[shape]["side"]
         options["image_size"] = (side, side)
     return m, lantern.hf.wrap(m, **options)
 
