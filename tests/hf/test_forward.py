@@ -127,3 +127,39 @@ def test_rows_with_different_cache_lengths(kind):
         got = logits[b].double()
         keep = allowed(got)
         torch.testing.assert_close(got[keep], ref[keep], **TOL)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_lantern_tree_attention_equals_the_models_attention(kind, backend):
+    """wrap(attention="lantern"): the tree forward's attention through ops.tree_attention (the reference op, and
+    the fused CPU kernel) gives the logits of the model's own attention under the 4D mask; the op ran (a spy
+    counts its calls) and the model's attention setting is restored after the forward."""
+    import lantern
+    from lantern.hf import cache
+
+    m = model(kind, torch.float32)
+    ids, mask = prompts(kind, m)
+    torch.manual_seed(5)
+    tokens = torch.randint(0, 40, (3, 5))
+    parents = torch.tensor([[-1, 0, 1, 0, 3]] * 3)
+    depth = torch.tensor([[0, 1, 2, 1, 2]] * 3)
+    out = {}
+    calls = []
+    original = ops.tree_attention
+    for attention in ("model", "lantern"):
+        target = wrap(m, attention=attention)
+        cond = target.encode_prompt(ids, mask)
+        view = target.for_prompt(cond)
+        view.setup_cache(3, view.config.cond_len + 12)
+        view(None, cond, cache_len=torch.zeros(3, dtype=torch.int64))
+        with lantern.fused(backend):
+            try:
+                ops.tree_attention = lambda *a: calls.append(1) or original(*a)
+                out[attention] = view(tokens, cache_len=view.cond_keys.clone() + torch.tensor([0, 2, 1]),
+                                      positions=depth, tree_mask=ops.ancestor_mask(parents))
+            finally:
+                ops.tree_attention = original
+    assert len(calls) == m.config.get_text_config().num_hidden_layers  # the lantern forward only
+    torch.testing.assert_close(out["lantern"], out["model"], **TOL)
+    assert target.rules.decoder.config._attn_implementation == "sdpa"

@@ -17,7 +17,8 @@ __all__ = ["wrap", "generate", "Target", "TargetConfig", "HFTarget"]
 
 def wrap(model, *, image_size: Optional[Tuple[int, int]] = None, bos_token_id: Optional[int] = None,
          boi_token_id: Optional[int] = None, pad_token_id: Optional[int] = None,
-         image_prefix: Optional[Sequence[int]] = None, row_end_token: Optional[int] = None):
+         image_prefix: Optional[Sequence[int]] = None, row_end_token: Optional[int] = None,
+         attention: str = "model"):
     """A transformers model -> ``HFTarget``, a target for ``lantern.generate`` (``Target`` protocol).
 
     - ``JanusForConditionalGeneration``: image_size from its vision config (num_image_tokens, a square);
@@ -29,7 +30,9 @@ def wrap(model, *, image_size: Optional[Tuple[int, int]] = None, bos_token_id: O
       token and its two size tokens); ``row_end_token``: Lumina-mGPT's end-of-row token id (default none).
 
     Wrap the model after moving it to its device and dtype (Chameleon and Emu3 copy the image rows of
-    ``lm_head``). The model's attention must be "sdpa" or "eager"."""
+    ``lm_head``). The model's attention must be "sdpa" or "eager". attention="lantern" runs the tree forwards'
+    attention through ``lantern.ops.tree_attention`` (the fused kernels of ``lantern.enable_fused``) instead of
+    the model's own under a dense mask (needs the 1/sqrt(head_dim) scale of these models)."""
     import transformers
 
     from .adapter import HFTarget
@@ -63,7 +66,7 @@ def wrap(model, *, image_size: Optional[Tuple[int, int]] = None, bos_token_id: O
         raise ValueError("row_end_token applies to Chameleon-architecture models (Lumina-mGPT)")
     if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in (height, width)):
         raise ValueError(f"image_size must be two ints >= 1 (tokens per column and row), got {image_size!r}")
-    return HFTarget(rules, height, width)
+    return HFTarget(rules, height, width, attention)
 
 
 def _janus_tokens(model, bos, boi, pad):

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops.reference.tree import pack_bits
-from .cache import RowCache, additive, prompt_attention_mask, tree_attention_mask
+from .cache import TREE_ATTENTION, RowCache, TreeStep, additive, prompt_attention_mask, tree_attention_mask
 from .families import Family
 
 MASKED = -1.0e9  # the logit of a token a position cannot hold (see the module docstring)
@@ -88,8 +88,12 @@ class HFTarget:
 
     family = "hf"  # lantern.generate sends a target of this family to lantern.hf.generate
 
-    def __init__(self, rules: Family, height: int, width: int):
+    def __init__(self, rules: Family, height: int, width: int, attention: str = "model"):
+        if attention not in ("model", "lantern"):
+            raise ValueError(f"attention must be 'model' (the model's own, under a 4D mask) or 'lantern' "
+                             f"(ops.tree_attention), got {attention!r}")
         self.rules = rules
+        self.tree_attention = attention == "lantern"
         self.model = rules.model  # what lantern's cost-model cache fingerprints
         row_end = rules.row_end_id is not None
         L = height * (width + 1) - 1 if row_end else height * width
@@ -202,6 +206,8 @@ class HFTarget:
                 positions = (cache_len - self.cond_keys[:R])[:, None] + steps
         else:
             position_ids = self.next_pos[:R, None] + positions
+        if self.tree_attention:
+            return self._tree_fused(tokens, cache_len, position_ids, tree_mask), positions
         if tree_mask is not None and _is_chain(tree_mask, T):
             tree_mask = None  # the chain's mask without unpacking the bits (Jacobi windows, chains)
         shortest, longest = torch.aminmax(cache_len).__iter__() if R > 1 else (cache_len[0], cache_len[0])
@@ -216,6 +222,23 @@ class HFTarget:
         # a mask) is the cache's (``RowCache.get_mask_sizes``)
         mask = None if T == 1 and shortest == longest else tree_attention_mask(cache_len, tree_mask, T, n_keys)
         return self._decoder(embeds, mask, position_ids, cache_len, n_keys), positions
+
+    def _tree_fused(self, tokens, cache_len, position_ids, tree_mask) -> torch.Tensor:
+        """The decoder with ``ops.tree_attention`` as its attention (wrap(attention="lantern")): no dense mask,
+        no host read; the attention reads the whole cache up to each row's cache_len + T."""
+        R, T = tokens.shape
+        if tree_mask is None:
+            tree_mask = _chain(T, tokens.device).expand(R, -1, -1)
+        if ops.checks.scan_values():
+            ops.checks.in_range("tokens", tokens, 0, self.config.vocab_size)
+        config = self.rules.decoder.config
+        before, TreeStep.current = config._attn_implementation, (cache_len, tree_mask)
+        config._attn_implementation = TREE_ATTENTION
+        try:
+            self.cache.begin(cache_len, T, self.cache.max_len)
+            return self.rules.decode(self.rules.embed_codes(tokens), None, position_ids, self.cache)
+        finally:
+            config._attn_implementation, TreeStep.current = before, None
 
     def _structure(self, logits: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
         """Masks the codes at row ends and the row end elsewhere (models with row ends). positions [R, T] the
@@ -316,12 +339,17 @@ def _arange(n: int, device) -> torch.Tensor:
     return _ARANGES[key]
 
 
+def _chain(T: int, device) -> torch.Tensor:
+    """The packed ancestor bits of a chain of T nodes [T, ceil(T/32)]."""
+    key = (T, device)
+    if key not in _CHAINS:
+        _CHAINS[key] = pack_bits(torch.ones(T, T, dtype=torch.bool, device=device).tril())
+    return _CHAINS[key]
+
+
 def _is_chain(tree_mask: torch.Tensor, T: int) -> bool:
     """Whether every row's tree is the chain 0 <- 1 <- ... <- T-1 (one host read)."""
-    key = (T, tree_mask.device)
-    chain = _CHAINS.get(key)
-    if chain is None:
-        chain = _CHAINS[key] = pack_bits(torch.ones(T, T, dtype=torch.bool, device=tree_mask.device).tril())
+    chain = _chain(T, tree_mask.device)
     return tree_mask.shape[1:] == chain.shape and bool((tree_mask == chain).all())
 
 

@@ -13,7 +13,10 @@ from typing import Optional
 import torch
 from transformers.cache_utils import Cache
 
+from .. import ops
 from ..ops.reference.tree import unpack_bits
+
+TREE_ATTENTION = "lantern_tree"  # the HF attention function name of ``tree_attention_function``
 
 
 class RowCache(Cache):
@@ -109,3 +112,30 @@ def prompt_attention_mask(valid: torch.Tensor) -> torch.Tensor:
 def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask as the additive float mask of HF's "eager" attention (0 = attend, the dtype's min = not)."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+class TreeStep:
+    """What ``tree_attention_function`` reads during one forward of the adapter (HF's attention call carries no
+    per-row cache lengths): cache_len [R] int64 and the packed ancestor bits [R, T, ceil(T/32)]."""
+    current = None
+
+
+def tree_attention_function(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """An HF attention function over ``ops.tree_attention`` (lantern's fused kernels when enabled): query
+    [R, H, T, Dh], key / value the row cache's layer [R, Hkv, Lmax, Dh] -> ([R, T, H, Dh], None). The mask is
+    the cache lengths and tree of ``TreeStep.current``; ``attention_mask`` is unused."""
+    cache_len, tree_mask = TreeStep.current
+    Dh = query.shape[-1]
+    if scaling is not None and abs(scaling * Dh ** 0.5 - 1.0) > 1e-6:
+        raise ValueError(f"lantern's tree attention scales by 1/sqrt(head_dim); this model scales by {scaling}")
+    out = ops.tree_attention(query.contiguous(), key, value, cache_len, tree_mask)  # [R, H, T, Dh]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(TREE_ATTENTION, tree_attention_function)
+
+
+_register()
