@@ -39,8 +39,8 @@ def their_layer(sd, prefix, x, freqs, heads, first_without_norm):
     att = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, D)
     x = x + F.linear(att, sd[f"{prefix}self_attn.o_proj.weight"])
     h = rms(x, sd[f"{prefix}post_attention_layernorm.weight"])
-    mlp = F.linear(F.silu(F.linear(h, sd[f"{prefix}mlp.gate_proj.weight"])) * F.linear(h, sd[f"{prefix}mlp.up_proj.weight"]),
-                   sd[f"{prefix}mlp.down_proj.weight"])
+    gate = F.silu(F.linear(h, sd[f"{prefix}mlp.gate_proj.weight"]))
+    mlp = F.linear(gate * F.linear(h, sd[f"{prefix}mlp.up_proj.weight"]), sd[f"{prefix}mlp.down_proj.weight"])
     return x + mlp
 
 
@@ -67,7 +67,8 @@ def target():
 def drafter_dict(target, n_layer):
     cfg, g = target.config, torch.Generator().manual_seed(1)
     D = cfg.dim
-    sd = {"fc.weight": torch.randn(D, 2 * D, generator=g) / (2 * D) ** 0.5, "fc.bias": 0.1 * torch.randn(D, generator=g),
+    sd = {"fc.weight": torch.randn(D, 2 * D, generator=g) / (2 * D) ** 0.5,
+          "fc.bias": 0.1 * torch.randn(D, generator=g),
           "embed_tokens.weight": target.tok_embeddings.weight.detach().clone()}
     for i in range(n_layer):
         sd.update(layer_dict(f"layers.{i}.", D, cfg.ffn_hidden, g, first_without_norm=i == 0))

@@ -14,6 +14,7 @@ from lantern.cli import main
 from hf_models import JANUS_BOI, model, wrap
 
 WORDS = ["a", "red", "cat", "on", "blue", "mat", "dog"]
+JANUS_BOI_TOKEN = "<begin_of_image>"
 
 
 def tiny_processor():
@@ -27,14 +28,13 @@ def tiny_processor():
     return JanusProcessor(image_processor=JanusImageProcessor(), tokenizer=fast, num_image_tokens=16)
 
 
-JANUS_BOI_TOKEN = "<begin_of_image>"
-
 
 @pytest.fixture(scope="module")
 def janus_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("janus")
     m = model("janus", torch.float32)
-    m.generation_config = GenerationConfig(bos_token_id=1, pad_token_id=0, generation_kwargs={"boi_token_id": JANUS_BOI})
+    m.generation_config = GenerationConfig(bos_token_id=1, pad_token_id=0,
+                                           generation_kwargs={"boi_token_id": JANUS_BOI})
     m.save_pretrained(directory)
     tiny_processor().save_pretrained(directory)
     return directory

@@ -136,7 +136,6 @@ def test_lantern_tree_attention_equals_the_models_attention(kind, backend):
     the fused CPU kernel) gives the logits of the model's own attention under the 4D mask; the op ran (a spy
     counts its calls) and the model's attention setting is restored after the forward."""
     import lantern
-    from lantern.hf import cache
 
     m = model(kind, torch.float32)
     ids, mask = prompts(kind, m)
