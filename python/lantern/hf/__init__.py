@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 from .target import Target, TargetConfig
 
-__all__ = ["wrap", "generate", "Target", "TargetConfig", "HFTarget"]
+__all__ = ["wrap", "generate", "lumina_mgpt_options", "Target", "TargetConfig", "HFTarget"]
 
 
 def wrap(model, *, image_size: Optional[Tuple[int, int]] = None, bos_token_id: Optional[int] = None,
@@ -67,6 +67,23 @@ def wrap(model, *, image_size: Optional[Tuple[int, int]] = None, bos_token_id: O
     if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in (height, width)):
         raise ValueError(f"image_size must be two ints >= 1 (tokens per column and row), got {image_size!r}")
     return HFTarget(rules, height, width, attention)
+
+
+def lumina_mgpt_options(model, height: int, width: int) -> dict:
+    """``wrap``'s options for a Lumina-mGPT checkpoint (Chameleon architecture) generating a height x width pixel
+    image (multiples of 32): its item processor's layout, <racm3:break>, then the size tokens
+    <reserved{8800 + height / 32}> and <reserved{8800 + width / 32}>, then 2 height / 32 rows of 2 width / 32 codes,
+    each row followed by <reserved08799>. Token ids are looked up by name in the model's vocabulary."""
+    if height % 32 or width % 32 or height < 32 or width < 32:
+        raise ValueError(f"Lumina-mGPT images are multiples of 32 pixels, got {height} x {width}")
+    vocab = model.config.vocabulary_map
+    names = ["<racm3:break>", f"<reserved{8800 + height // 32:05d}>", f"<reserved{8800 + width // 32:05d}>",
+             "<reserved08799>"]
+    missing = [n for n in names if n not in vocab]
+    if missing:
+        raise ValueError(f"the vocabulary lacks Lumina-mGPT's tokens {missing}")
+    ids = [vocab[n] for n in names]
+    return dict(image_size=(height // 16, width // 16), image_prefix=tuple(ids[:3]), row_end_token=ids[3])
 
 
 def _janus_tokens(model, bos, boi, pad):

@@ -80,8 +80,9 @@ def emu3_config(shape: str = "tiny", **overrides):
 
 
 def chameleon_config(shape: str = "tiny", **overrides):
-    """A ChameleonConfig whose vocabulary holds s["vocab"] text tokens (t1 = <racm3:break>, t2 = <eoss>),
-    then the codes' IMGIMG tokens, then <image>."""
+    """A ChameleonConfig whose vocabulary holds s["vocab"] text tokens (t1 = <racm3:break>, t2 = <eoss>, t4 =
+    Lumina-mGPT's end of row <reserved08799>, t5..t8 its size tokens <reserved08801..4>), then the codes' IMGIMG
+    tokens, then <image>."""
     from transformers import ChameleonConfig
 
     s = _shape(shape, overrides)
@@ -89,6 +90,8 @@ def chameleon_config(shape: str = "tiny", **overrides):
     letters = {str(i): chr(ord("A") + i) for i in range(10)}
     vmap = {f"t{i}": i for i in range(n_text)}
     vmap["<racm3:break>"], vmap["<eoss>"] = 1, 2
+    # Lumina-mGPT's end of row and size tokens (<reserved{8800 + 32-pixel grids}>) for grids 1..4
+    vmap.update({"<reserved08799>": 4, **{f"<reserved{8800 + g:05d}>": 4 + g for g in range(1, 5)}})
     vmap.update({"IMGIMG" + "".join(letters[d] for d in str(c)) + "Z": n_text + c for c in range(codes)})
     vmap["<image>"] = n_text + codes
     return ChameleonConfig(
