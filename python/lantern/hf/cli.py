@@ -20,7 +20,7 @@ def add_hf_options(p: argparse.ArgumentParser) -> None:
                     "Chameleon / Anole): its weights, processor and tokenizer; replaces --model")
     hf.add_argument("--prompt", nargs="+", metavar="TEXT", help="--hf: the prompts, one grid row each")
     hf.add_argument("--negative-prompt", metavar="TEXT", help="--hf (Emu3, Chameleon): the unconditional prompt of "
-                    "guidance (default: the model's rule)")
+                    "guidance (unset: the model's rule)")
 
 
 def _load(directory: str, device, dtype):
