@@ -34,6 +34,9 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     run.add_argument("--json", metavar="PATH", help="also write the run's figures as JSON (.json; a figure that is "
                      "not a number, e.g. the Frechet distance of one image, is null)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from .hf.cli import add_hf_options
+
+    add_hf_options(p)
     return p
 
 
@@ -280,6 +283,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from .images import save_grid
     from .outputs import write_json
 
+    if getattr(args, "hf", None):  # a transformers model directory: lantern.hf
+        from .hf.cli import run_generate_hf
+
+        return run_generate_hf(args)
     check_options(args)
     if args.method == "cspd" and args.model not in ("tiny-mar", "mar-checkpoint"):
         raise SystemExit("--method cspd (continuous speculative decoding) is for MAR models: --model tiny-mar or "

@@ -32,11 +32,18 @@ def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbou
     GPU) with node counts padded to a few buckets (``decoding/compiled.py``); a dict: those torch.compile
     options. The one-off compile time is in the stats (``compile_s``; AR: pass ``stats={}`` to
     ``generate_ar``).
+    A transformers model wrapped by ``lantern.hf.wrap`` takes the prompt ids as cond_idx (keywords
+    attention_mask, negative_prompt_ids, ...) and returns image codes: ``lantern.hf.generate``.
     A MAR model (``model.family == "mar"``) samples with ``sample_mar``: -> (tokens [B, L, C], MARStats);
     its options (num_iter, cfg_schedule, ...) are passed as keywords. With method="cspd" and a MAR
     drafter it samples with ``generate_cspd``: -> (tokens [B, L, C], CSpDStats); keywords gamma, rule,
     bandwidth, sigma_ratio, prefill, max_tries, last_step_noise (``CSpDConfig``) and num_iter, cfg_schedule,
     on_step."""
+    if getattr(model, "family", None) == "hf":  # a transformers model wrapped by lantern.hf.wrap
+        return model.generate(cond_idx, method=method, drafter=drafter, neighbours=neighbours, tree=tree, k=k,
+                              delta=delta, lam=lam, budget=budget, cfg_scale=cfg_scale, temperature=temperature,
+                              top_k=top_k, top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length,
+                              emb_masks=emb_masks, compile=compile, image_ids=image_ids, **tree_options)
     if getattr(model, "family", None) == "mar":
         if image_ids is not None:
             tree_options["image_ids"] = image_ids

@@ -39,13 +39,23 @@ class EagleDrafter(nn.Module):
     """EAGLE head for a LlamaGen target: predicts post-norm target hidden states (what the target's
     ``forward(..., return_hidden=True)`` returns). Call ``bind(target)`` before decoding or training."""
 
-    def __init__(self, target_config: GPTConfig, n_layer: int = 1):
+    LAYOUTS = ("lantern", "eagle1")
+
+    def __init__(self, target_config: GPTConfig, n_layer: int = 1, layout: str = "lantern"):
+        """layout "lantern": every block normalises its input and a final RMSNorm precedes the head; "eagle1":
+        EAGLE's original head (the LANTERN authors' drafters), no input norm in the first block (fc's output
+        enters its attention as is) and no final norm."""
         super().__init__()
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"layout must be one of {self.LAYOUTS}, got {layout!r}")
         cfg = replace(target_config, n_layer=n_layer)
-        self.config = cfg
+        self.config, self.layout = cfg, layout
         self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        if layout == "eagle1":
+            self.layers[0].attention_norm = nn.Identity()
+            self.norm = nn.Identity()
         rope = precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base, 0)  # [L, Dh/2, 2]
         self.register_buffer("freqs_cis", rope, persistent=False)
         self.register_buffer("kv_cache", None, persistent=False)

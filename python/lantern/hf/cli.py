@@ -1,0 +1,112 @@
+"""``lantern generate --hf DIR --prompt TEXT ...``: a locally downloaded transformers model directory (its
+weights, processor and tokenizer; nothing is downloaded), the prompts through the model's own processor, the
+images through its own VQ decoder, written as a grid (one row per prompt) and the run's figures as JSON."""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+CLASSES = {"janus": "JanusForConditionalGeneration", "emu3": "Emu3ForConditionalGeneration",
+           "chameleon": "ChameleonForConditionalGeneration"}
+DEFAULT_CFG = {"janus": 5.0, "emu3": 3.0, "chameleon": 1.0}  # the models' documented guidance (Chameleon: none)
+
+
+def add_hf_options(p: argparse.ArgumentParser) -> None:
+    hf = p.add_argument_group("transformers models (--hf DIR; docs/hf.md)")
+    hf.add_argument("--hf", metavar="DIR", help="a local transformers model directory (Janus / Janus-Pro, Emu3, "
+                    "Chameleon / Anole): its weights, processor and tokenizer; replaces --model")
+    hf.add_argument("--prompt", nargs="+", metavar="TEXT", help="--hf: the prompts, one grid row each")
+    hf.add_argument("--negative-prompt", metavar="TEXT", help="--hf (Emu3, Chameleon): the unconditional prompt of "
+                    "guidance (unset: the model's rule)")
+
+
+def _load(directory: str, device, dtype):
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    kind = config.model_type
+    if kind not in CLASSES:
+        raise SystemExit(f"--hf {directory}: model_type {kind!r} is not supported (lantern.hf takes "
+                         f"{', '.join(CLASSES)})")
+    cls = getattr(transformers, CLASSES[kind])
+    model = cls.from_pretrained(directory, local_files_only=True, dtype=dtype).to(device)
+    processor = transformers.AutoProcessor.from_pretrained(directory, local_files_only=True)
+    return kind, model, processor
+
+
+def _prompts(kind: str, processor, texts, device):
+    """-> (input_ids, attention_mask, image_size or None) as the model's processor builds them for image
+    generation."""
+    if kind == "janus":
+        out = processor(text=texts, generation_mode="image", return_tensors="pt", padding=True)
+        return out["input_ids"].to(device), out["attention_mask"].to(device), None
+    if kind == "emu3":
+        out = processor(text=texts, return_for_image_generation=True, return_tensors="pt", padding=True)
+        height, width = (int(s) for s in out["image_sizes"][0])
+        return out["input_ids"].to(device), out["attention_mask"].to(device), (height, width)
+    out = processor.tokenizer(texts, return_tensors="pt", padding=True)
+    return out["input_ids"].to(device), out["attention_mask"].to(device), None
+
+
+def run_generate_hf(args: argparse.Namespace) -> int:
+    from .. import generate
+    from ..images import save_grid
+    from ..outputs import check_output_path, write_json
+    from . import wrap
+
+    if not args.prompt:
+        raise SystemExit("--hf needs --prompt TEXT [TEXT ...]")
+    if not os.path.isdir(args.hf):
+        raise SystemExit(f"--hf {args.hf}: not a directory (a locally downloaded transformers model)")
+    if args.method == "cspd":
+        raise SystemExit("--method cspd is for MAR models; --hf takes ar, sjd, spec or lantern")
+    if args.per_class < 1:
+        raise SystemExit(f"--per-class must be >= 1, got {args.per_class}")
+    check_output_path(args.out, "--out", [".png", ".jpg", ".jpeg"], "an image file")
+    if args.json:
+        check_output_path(args.json, "--json", [".json"], "a JSON file")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(args.dtype) or \
+        (torch.bfloat16 if str(args.device).startswith("cuda") else torch.float32)
+    kind, model, processor = _load(args.hf, args.device, dtype)
+    texts = [t for t in args.prompt for _ in range(args.per_class)]
+    ids, mask, image_size = _prompts(kind, processor, texts, args.device)
+    target = wrap(model, **({"image_size": image_size} if image_size else {}))
+    cfg_scale = args.cfg_scale if args.cfg_scale is not None else DEFAULT_CFG[kind]
+    options = dict(method=args.method, cfg_scale=cfg_scale, temperature=args.temperature, top_k=args.top_k or 0,
+                   top_p=args.top_p, seed=args.seed)
+    if args.negative_prompt and cfg_scale != 1:
+        neg_ids, neg_mask, _ = _prompts("chameleon", processor, [args.negative_prompt] * len(texts), args.device)
+        options.update(negative_prompt_ids=neg_ids, negative_prompt_attention_mask=neg_mask)
+    if args.method == "sjd" and (args.delta or args.lam):  # relaxed like lantern, over the model's codebook
+        options["neighbours"] = target.neighbour_table(min(args.k, target.rules.n_codes - 1))
+    if args.method != "ar":
+        options.update(tree=args.tree, k=args.k, delta=args.delta if args.delta is not None else 0.1,
+                       lam=args.lam, budget=args.budget, window=args.window, coupling=args.coupling, init=args.init)
+    t0 = time.perf_counter()
+    codes, stats = generate(target, ids, attention_mask=mask, **options)
+    wall = time.perf_counter() - t0
+    figures = dict(model=CLASSES[kind], directory=args.hf, prompts=list(args.prompt), images=len(texts),
+                   codes_per_image=codes.shape[1], method=args.method, cfg_scale=cfg_scale,
+                   temperature=args.temperature, seed=args.seed, wall_s=wall, out=args.out,
+                   tau=1.0 if stats is None else stats.tau,
+                   target_forwards=codes.shape[1] if stats is None else stats.target_forwards,
+                   codes=codes.tolist())
+    try:
+        with torch.no_grad():
+            images = target.decode_images(codes).float().clamp(-1, 1)  # [B, 3, h, w]
+    except NotImplementedError as err:
+        figures.update(out=None, note=str(err))
+        print(f"{err}: the codes are in the JSON figures instead of an image")
+    else:
+        pixels = ((images + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()  # [B, h, w, 3]
+        save_grid(pixels, rows=len(args.prompt), path=args.out, scale=max(1, 128 // pixels.shape[1]))
+        print(f"wrote {args.out}")
+    print(f"{kind} {args.method}: {len(texts)} images in {wall:.2f} s, tau {figures['tau']:.2f}, "
+          f"{figures['target_forwards']} target forwards")
+    if args.json:
+        write_json(args.json, figures)
+        print(f"wrote {args.json}")
+    return 0

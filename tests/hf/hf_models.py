@@ -1,0 +1,77 @@
+"""Tiny random transformers models (no download) and their own step-by-step decoding, the references of
+tests/hf: ``reference_logits`` runs the model's decoder one token at a time with HF's DynamicCache and scores
+the image codes as the model's own generation does."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from transformers import DynamicCache
+
+import lantern.hf
+from lantern.hf.random_models import janus_tokens, random_model
+
+JANUS_BOI = 62  # tiny janus: vocab 64, BOI = vocab - 2
+EMU3_HW = (3, 4)
+
+
+@lru_cache(maxsize=None)
+def model(kind: str, dtype=torch.float64, **overrides):
+    return random_model(kind, dtype=dtype, **overrides)
+
+
+def wrap(m, **kwargs):
+    if type(m).__name__.startswith("Janus"):
+        kwargs = {**janus_tokens(m.config), **kwargs}
+    if type(m).__name__.startswith("Emu3"):
+        kwargs = {"image_size": EMU3_HW, **kwargs}
+    return lantern.hf.wrap(m, **kwargs)
+
+
+def emu3_prompt(m, texts):
+    """Emu3's generation prompt: BOS, the text, <|image start|> H * W <|image token|> (left-padded)."""
+    vm = m.config.vocabulary_map
+    suffix = [vm["<|image start|>"], 7, 8, 9, vm["<|image token|>"]]
+    return left_padded([[1, *t, *suffix] for t in texts])
+
+
+def janus_prompt(texts):
+    return left_padded([[1, *t, JANUS_BOI] for t in texts])
+
+
+def left_padded(rows, pad: int = 0):
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def parts(m):
+    """(decoder, embed prompt ids, embed image codes, score hidden states -> code logits) of the model's own
+    image generation."""
+    name = type(m).__name__
+    if name.startswith("Janus"):
+        lm = m.model.language_model
+        return lm, lm.embed_tokens, m.prepare_embeddings_for_image_generation, m.model.generation_head
+    mapping = m.model.vocabulary_mapping
+    bpe = torch.tensor([mapping.img2bpe[c] for c in range(len(mapping.img2bpe))])
+    decoder = m.model.text_model if name.startswith("Emu3") else m.model
+    eol = getattr(mapping, "eol_token_id", None)
+    if eol is not None:
+        bpe = torch.cat([bpe, torch.tensor([eol])])
+    return (decoder, decoder.embed_tokens, lambda codes: decoder.embed_tokens(bpe[codes]),
+            lambda h: m.lm_head(h)[..., bpe])
+
+
+@torch.no_grad()
+def reference_logits(m, ids, codes):
+    """One prompt ids [P] and codes [n] -> the code logits [n + 1, V] predicting codes 0..n (float64), one
+    token per forward through HF's DynamicCache and positions 0, 1, ..."""
+    decoder, embed_text, embed_codes, head = parts(m)
+    cache = DynamicCache(config=decoder.config)
+    out = decoder(inputs_embeds=embed_text(ids[None]), cache=cache, use_cache=True)
+    rows = [head(out.last_hidden_state[:, -1])]
+    for c in codes:
+        out = decoder(inputs_embeds=embed_codes(c.view(1, 1)), cache=cache, use_cache=True)
+        rows.append(head(out.last_hidden_state[:, -1]))
+    return torch.cat(rows).double()
