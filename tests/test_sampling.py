@@ -446,6 +446,28 @@ def test_sampling_settings_are_refused_before_anything_is_written(tmp_path, opti
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(method="lantern", tree="chain", k=5000), "--k must be at most 1023 for this model"),
+    (dict(model="tiny-mar", num_iter=65), "--num-iter must be at most the model's 64 tokens per image"),
+    (dict(classes=[3, 10]), r"--classes must be class ids in \[0, 10\)"),
+])
+def test_settings_bounded_by_the_model_are_refused_before_any_run_file(tmp_path, options, message):
+    """Bounds that need the model are checked once it is loaded, before config.json or any image."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=message):
+        sample(out, 2, no_progress=True, **options)
+    assert sorted(p.name for p in out.iterdir()) == [sampling.LOCK_FILE]
+
+
+@pytest.mark.parametrize("model, files", [("checkpoint", ("gpt", "vq")), ("mar-checkpoint", ("mar", "vae"))])
+def test_an_unreadable_checkpoint_gets_a_message_naming_it(tmp_path, model, files):
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit, match=f"the {model} model cannot be loaded .*--{files[0]} .*garbage.pth.*Error"):
+        sample(tmp_path / "run", 1, model=model, no_progress=True, **{name: str(garbage) for name in files})
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
 def test_cli_refuses_bad_settings_before_writing(tmp_path):
     from lantern.cli import main
 

@@ -138,7 +138,7 @@ class DiscreteSampler:
     def __init__(self, args):
         from . import generate_cli as gc
 
-        self.gpt, self.vq, meta = gc._load(args)
+        self.gpt, self.vq, meta = _loaded(gc._load, args)
         cfg_scale, top_k = gc.guidance_and_top_k(args, meta)
         self.num_classes = self.gpt.config.num_classes
         side = self.gpt.config.grid_size * self.vq.config.downsample
@@ -150,6 +150,10 @@ class DiscreteSampler:
         self.options = dict(method=args.method, compile=args.compile)
         self.settings = dict(self.sampling, dtype=str(self.gpt.tok_embeddings.weight.dtype).replace("torch.", ""))
         if args.method != "ar":
+            codes = self.vq.quantize.embedding.weight.shape[0]
+            if gc.relaxed(args) and args.k > codes - 1:
+                raise SystemExit(f"--k must be at most {codes - 1} for this model (the other codes of its "
+                                 f"{codes}-code codebook), got {args.k}")
             drafter, table = gc._drafter_and_table(args, self.gpt, self.vq)
             spec = gc.method_options(args)
             self.settings.update(spec)
@@ -188,8 +192,11 @@ class MARSampler:
 
         gm._check_options(args)
         self.config = gm._cspd_config(args) if args.method == "cspd" else None
-        self.mar, self.drafter, self.vae, defaults, _ = gm._load(args)
+        self.mar, self.drafter, self.vae, defaults, _ = _loaded(gm._load, args)
         cfg, num_iter, schedule = gm.mar_settings(args, self.mar, defaults, self.config)
+        if num_iter > self.mar.config.seq_len:  # later steps would predict no token
+            raise SystemExit(f"--num-iter must be at most the model's {self.mar.config.seq_len} tokens per image, "
+                             f"got {num_iter}")
         self.num_classes = self.mar.config.class_num
         config = self.mar.config
         side = config.seq_side * config.patch_size * self.vae.config.downsample
@@ -230,6 +237,21 @@ class MARSampler:
         # CSpDStats.tokens_per_target_forward over blocks of any sizes: tokens per (image x target forward)
         tau = (counts.get("prefill_tokens", 0) + counts.get("drafted", 0)) / max(counts.get("image_forwards", 0), 1)
         return dict(tau=tau, acceptance=counts.get("accepted", 0) / max(counts.get("drafted", 0), 1), **counts)
+
+
+def _loaded(load, args):
+    """load(args), or SystemExit naming the model's files and the loader's complaint (its first line): a
+    checkpoint the user names is input, and a bad one deserves a message, not a traceback."""
+    try:
+        return load(args)
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - every loader failure: unreadable, wrong format, wrong tensors
+        files = ", ".join(f"--{dest.replace('_', '-')} {getattr(args, dest)}" for dest in
+                          ("gpt", "vq", "mar", "vae", "mar_drafter") if getattr(args, dest, None))
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise SystemExit(f"the {args.model} model cannot be loaded{f' ({files})' if files else ''}: "
+                         f"{type(e).__name__}: {first_line}") from e
 
 
 def _discrete_weight_files(args) -> Dict[str, str]:
