@@ -7,6 +7,8 @@ so both see the same arithmetic."""
 import json
 import os
 import pickle
+import re
+import shutil
 import subprocess
 import sys
 
@@ -63,6 +65,7 @@ def ar_reference(tmp_path_factory):
 def test_rank_shares_are_disjoint_and_cover_every_block(world):
     n_blocks = 11
     shares = [rank_blocks(n_blocks, sampling.Ranks(rank, world)) for rank in range(world)]
+    assert all(isinstance(share, range) for share in shares)  # no list of every block id
     flat = sorted(j for share in shares for j in share)
     assert flat == list(range(n_blocks))
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
@@ -143,13 +146,14 @@ def test_two_processes_give_the_single_process_images_lantern(tmp_path):
 
 
 def test_kill_and_resume_loses_and_duplicates_nothing(tmp_path, ar_reference):
-    """Rank 0 SIGKILLs itself after its first block (torchrun then ends rank 1); --resume completes the run."""
+    """Each rank SIGKILLs itself after its first block (torchrun ends the other at the first death, whichever
+    rank that is); --resume completes the run."""
     out = tmp_path / "killed"
     killed = run_torchrun(out, TINY_AR, **{sampling.STOP_AFTER_ENV: "1"})
     assert killed.returncode != 0
     assert not (out / sampling.NPZ_FILE).exists()
-    done = SampleFolder(out).done_blocks()
-    assert 0 in done and 2 not in done  # rank 0 stopped after block 0, before block 2
+    done = np.flatnonzero(SampleFolder(out).done_blocks(3)).tolist()
+    assert done and 2 not in done  # the first rank to die had written its block; rank 0 never reached block 2
     (out / "shards" / ".tmp-half-written").write_bytes(b"PK\x03")  # what a kill during a write leaves
     refused = run_torchrun(out, TINY_AR)  # the same command without --resume: refused
     assert refused.returncode != 0 and "--resume" in refused.stderr
@@ -207,11 +211,12 @@ def test_existing_run_needs_resume_and_the_same_settings(small_run, tmp_path):
     (other / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit, match="not empty and holds no config.json"):
         sample(other, 2, no_progress=True)
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]  # refused before the lock: nothing written
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(num_images=0), "--num-images must be >= 1"),
-    (dict(batch=0), "--batch must be >= 1"),
+    (dict(num_images=0), r"--num-images must be in \[1, "),
+    (dict(batch=0), r"--batch must be in \[1, "),
     (dict(classes=[3, 10]), r"--classes must be class ids in \[0, 10\)"),
     (dict(method="lantern", tree="auto"), "fixed draft tree"),
     (dict(method="cspd"), "for MAR models"),
@@ -226,23 +231,369 @@ def test_bad_options_are_refused(tmp_path, options, message):
         sample(tmp_path / "run", 2, per_class=3)
 
 
-def test_gather_finds_gaps_and_duplicates(tmp_path):
-    folder = SampleFolder(tmp_path / "run")
-    folder.prepare({"format": 1}, resume=False)
-    pixels = np.zeros((2, 4, 4, 3), dtype=np.uint8)
-    folder.write_block(0, torch.tensor([0, 1]), pixels)
-    with pytest.raises(RuntimeError, match="2 missing ids, e.g. \\[2, 3\\]"):
+def _fake_run(root, n=4, batch=2, shape=(4, 4)):
+    """A prepared folder with every block written (pixels: the block index), without a model."""
+    folder = SampleFolder(root)
+    folder.prepare({"format": sampling.FORMAT, "num_images": n}, resume=False, n=n, batch=batch)
+    for j in range(sampling.block_count(n, batch)):
+        ids = block_ids(j, n, batch)
+        folder.write_block(j, ids, np.full((len(ids), *shape, 3), j, dtype=np.uint8))
+    return folder
+
+
+def test_gather_names_missing_blocks_and_wrong_shards(tmp_path):
+    folder = _fake_run(tmp_path / "run")
+    folder.shard_path(1).unlink()
+    with pytest.raises(RuntimeError, match=r"1 of 2 blocks have no shard .*blocks \[1\]"):
         folder.gather(4, 2)
-    folder.write_block(1, torch.tensor([1, 2]), pixels)  # a corrupt shard: id 1 twice, id 3 never
-    with pytest.raises(RuntimeError, match="1 duplicated ids, e.g. \\[1\\].*1 missing ids, e.g. \\[3\\]"):
+    folder.write_block(1, torch.tensor([1, 2]), np.zeros((2, 4, 4, 3), np.uint8))  # block 1 holds ids 2, 3
+    with pytest.raises(RuntimeError, match=r"000001.npz holds ids \[1, 2\].*not block 1's \[2, 3\].*removed"):
         folder.gather(4, 2)
-    folder.write_block(1, torch.tensor([2, 3]), pixels + 7)
+    assert not folder.shard_path(1).exists()  # so --resume makes it again
+    folder.write_block(1, torch.tensor([2, 3]), np.full((2, 4, 4, 3), 7, np.uint8))
     npz = folder.gather(4, 2)
     with np.load(npz) as data:
         assert data["arr_0"].shape == (4, 4, 4, 3) and data["arr_0"][2:].min() == 7 and data["arr_0"][:2].max() == 0
     (folder.images / "000003.png").unlink()
     with pytest.raises(RuntimeError, match="1 PNG files are missing, e.g. ids \\[3\\]"):
         folder.gather(4, 2)
+
+
+# ---------------------------------------------------------------------------------------------- the folder's lock
+
+
+def test_a_live_folder_is_refused_and_keeps_its_temporary_files(tmp_path):
+    """While a run holds DIR's lock, another start (this process or another, with or without --resume) is
+    refused before anything is loaded, and the live run's temporary files stay."""
+    live = _fake_run(tmp_path / "live", n=4, batch=2)
+    live.lock()  # what a running `lantern sample` holds
+    try:
+        being_written = live.shards / ".tmp-being-written"
+        being_written.write_bytes(b"PK")
+        for resume in (False, True):
+            with pytest.raises(SystemExit, match=r"in use by another lantern sample run \(pid \d+ on "):
+                sample(live.root, 4, batch=2, resume=resume, no_progress=True)
+        refused = run_single(live.root, ["--num-images", "4", "--batch", "2", "--resume", "--no-progress"])
+        assert refused.returncode != 0 and "in use by another lantern sample run" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert being_written.exists()
+    finally:
+        live.unlock()
+    again = SampleFolder(live.root)
+    again.lock()  # free again: the lock went with the run
+    again.unlock()
+    only_lock = tmp_path / "refused-late"
+    only_lock.mkdir()
+    (only_lock / sampling.LOCK_FILE).write_text("")
+    SampleFolder(only_lock).check_layout()  # a lock file alone does not make DIR "not empty"
+
+
+# ---------------------------------------------------------------------------------------------- bookkeeping
+
+
+class _FlatSampler:
+    """Blocks of constant images without a model: the job's bookkeeping alone."""
+    image_shape = (2, 2)
+
+    def sample(self, ids, labels, seed):
+        return np.full((len(ids), 2, 2, 3), 9, dtype=np.uint8), {"emitted": len(ids)}
+
+    @staticmethod
+    def figures(counts, images):
+        return dict(counts)
+
+
+@pytest.mark.parametrize("n_blocks", [3, 30])
+def test_progress_bookkeeping_scans_the_folder_once_whatever_the_blocks(tmp_path, monkeypatch, capsys, n_blocks):
+    """One scan of shards/ when the share starts, then O(1) per block: the folder listings do not grow with the
+    number of blocks (the bar still counts every image)."""
+    folder = SampleFolder(tmp_path / "run")
+    folder.prepare({"format": sampling.FORMAT}, resume=False, n=n_blocks, batch=1)
+    listings = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+    monkeypatch.setattr(os, "scandir", lambda path=".": listings.append(str(path)) or real_scandir(path))
+    monkeypatch.setattr(os, "listdir", lambda path=".": listings.append(str(path)) or real_listdir(path))
+    args = sampling._sample_parser().parse_args([str(folder.root), "--num-images", str(n_blocks), "--batch", "1",
+                                                 "--classes", "0"])
+    record = sampling._generate_share(args, sampling.Ranks(), folder, _FlatSampler(), 0, "token")
+    assert record["blocks"] == record["images"] == n_blocks
+    assert listings == [str(folder.shards)]
+    assert f"{n_blocks}/{n_blocks}" in capsys.readouterr().err  # the bar reached every image
+    assert folder.done_blocks(n_blocks).all()
+
+
+# ---------------------------------------------------------------------------------------------- resume checks
+
+
+def test_resume_names_the_weight_file_whose_contents_changed(tmp_path):
+    """config.json holds the sha256 of each weight file; a resume with other contents behind the same path is
+    refused, naming the file (checked on a copy of the tiny MAR as an official-format checkpoint)."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    from lantern.tiny_mar import TINY_MAR_DIR
+
+    for name in ("mar", "vae"):
+        (weights / f"{name}.safetensors").write_bytes((TINY_MAR_DIR / f"{name}.safetensors").read_bytes())
+    options = dict(model="mar-checkpoint", mar=str(weights / "mar.safetensors"), mar_name="MAR-tiny",
+                   vae=str(weights / "vae.safetensors"), vae_name="KL-tiny", num_sampling_steps="50", num_iter=2,
+                   classes=[0], batch=1, no_progress=True)
+    sample(tmp_path / "run", 1, **options)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert set(config["sha256"]) == {"mar", "vae"} and len(config["sha256"]["mar"]) == 64
+    sample(tmp_path / "run", 1, resume=True, **options)  # the same contents: resumes (complete: gathers again)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(weights / "mar.safetensors")
+    key = sorted(state)[0]
+    state[key] = state[key] + 1e-3  # the same names and shapes, other numbers
+    save_file(state, weights / "mar.safetensors")
+    with pytest.raises(SystemExit, match=r"cannot resume it.*the contents of .*weights/mar.safetensors \(mar\) are "
+                                         r"not those the folder's run used") as refused:
+        sample(tmp_path / "run", 1, resume=True, **options)
+    assert "vae.safetensors" not in str(refused.value)
+
+
+def test_settings_are_compared_key_by_key_through_nested_records(tmp_path):
+    """The comparison of config.json is general: a nested record (e.g. the numerics of a run) is compared
+    entry by entry and each differing entry named."""
+    from lantern.sample_folder import differences
+
+    saved = {"seed": 1, "numerics": {"dtype": "float32", "threads": 2}}
+    assert differences(saved, saved) == []
+    assert [d.key for d in differences(saved, {"seed": 1, "numerics": {"dtype": "float32", "threads": 1}})] == \
+        ["numerics.threads"]
+    assert [(d.key, d.saved) for d in differences(saved, {"seed": 1})] == \
+        [("numerics.dtype", "float32"), ("numerics.threads", 2)]
+
+
+def test_damaged_and_foreign_shards_are_named_and_their_blocks_redone(tmp_path, capsys):
+    """Resume keeps a shard only when it is a readable block of this run with its PNGs: a truncated shard,
+    garbage, another block's shard, images of the wrong size and a deleted PNG each get their block made
+    again (named); files that are not this run's shard names are named and ignored."""
+    folder = _fake_run(tmp_path / "run", n=12, batch=2)
+    settings = json.loads((folder.root / "config.json").read_text())
+    whole = folder.shard_path(0).read_bytes()
+    folder.shard_path(0).write_bytes(whole[: len(whole) // 2])  # truncated
+    folder.shard_path(1).write_bytes(b"not a zip file")  # garbage
+    folder.shard_path(2).write_bytes(folder.shard_path(3).read_bytes())  # block 3's ids
+    np.savez(folder.shard_path(4), ids=np.arange(8, 10), images=np.zeros((2, 5, 4, 3), np.uint8))  # 5 x 4 images
+    folder.png_path(10).unlink()  # block 5's first image
+    (folder.shards / "1.npz").write_bytes(b"stray")  # not a shard name of this run
+    (folder.shards / "000099.npz").write_bytes(b"stray")  # beyond the run's 6 blocks
+    done = folder.prepare(settings, resume=True, n=12, batch=2, image_shape=(4, 4))
+    err = capsys.readouterr().err
+    assert done == 2 and np.flatnonzero(folder.done_blocks(6)).tolist() == [3]  # block 3 alone was sound
+    for name, why in (("000000.npz", "not a readable .npz"), ("000001.npz", "not a readable .npz"),
+                      ("000002.npz", r"holds ids \[6, 7\]"), ("000004.npz", r"must be uint8 \[2, 4, 4, 3\]"),
+                      ("000010.png", "missing or empty")):
+        assert re.search(f"{name}.*{why}.*made again", err), (name, err)
+    assert re.search(r"shards/1.npz is not a shard of this run.*ignored", err)
+    assert re.search(r"shards/000099.npz is not a shard of this run.*ignored", err)
+    assert (folder.shards / "1.npz").exists()  # left to its owner
+    assert folder.prepare(settings, resume=True, n=12, batch=2, image_shape=(4, 4)) == 2
+
+
+def test_resume_redoes_a_truncated_shard_and_a_deleted_png(tmp_path, capsys):
+    torch.set_num_threads(1)
+    out = tmp_path / "run"
+    options = dict(batch=1, seed=3, classes=[2, 7], no_progress=True)
+    sample(out, 2, **options)
+    before = arr_0(out)
+    shard = out / "shards" / "000000.npz"
+    shard.write_bytes(shard.read_bytes()[:100])
+    (out / "images" / "000001.png").unlink()
+    sample(out, 2, resume=True, **options)
+    err = capsys.readouterr().err
+    assert "000000.npz is not a readable .npz" in err and "000001.png of block 1" in err
+    assert np.array_equal(arr_0(out), before)
+    run = json.loads((out / "runs" / "run-001.json").read_text())
+    assert run["images_this_run"] == 2
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(seed=-1), r"--seed must be in \[0, 18446744073709551615\], got -1"),
+    (dict(seed=2**64), r"--seed must be in \[0, "),
+    (dict(top_p=2.0), r"--top-p must be in \(0.0, 1.0\], got 2.0"),
+    (dict(top_p=0.0), r"--top-p must be in \(0.0, 1.0\]"),
+    (dict(temperature=-1.0), r"--temperature must be in \[0.0, 100.0\]"),
+    (dict(temperature=1e-30), "--temperature must be 0 .greedy. or at least"),
+    (dict(cfg_scale=float("inf")), "--cfg-scale must be a finite number"),
+    (dict(cfg_scale=float("nan")), "--cfg-scale must be a finite number"),
+    (dict(top_k=-1), r"--top-k must be in \[0, "),
+    (dict(cfg_interval=-2), r"--cfg-interval must be in \[-1, "),
+    (dict(batch=10**6), r"--batch must be in \[1, 65536\]"),
+    (dict(num_images=10**8 + 1), r"--num-images must be in \[1, 100000000\]"),
+    (dict(method="lantern", tree="chain", delta=1.5), r"--delta must be in \[0.0, 1.0\]"),
+    (dict(method="lantern", tree="chain", lam=0.5), r"--lam must be in \[1.0, "),
+    (dict(method="lantern", tree="chain", k=-1), r"--k must be in \[0, "),
+    (dict(method="lantern", tree="chain", depth=0), r"--depth must be in \[1, "),
+    (dict(method="sjd", tree="chain", window=0), r"--window must be in \[1, "),
+    (dict(model="tiny-mar", num_iter=-5), r"--num-iter must be in \[1, "),
+    (dict(model="tiny-mar", num_iter=0), r"--num-iter must be in \[1, "),
+    (dict(model="tiny-mar", temperature=0.0), "--temperature must be > 0 for MAR models"),
+    (dict(model="tiny-mar", method="cspd", gamma=0), r"--gamma must be in \[1, "),
+    (dict(model="tiny-mar", method="cspd", prefill=1.0), r"--prefill must be in \[0.0, 1.0\)"),
+    (dict(fused="fastest"), "--fused must be one of"),
+    (dict(device="gpu:7"), "--device 'gpu:7' is not a device"),
+])
+def test_sampling_settings_are_refused_before_anything_is_written(tmp_path, options, message):
+    out = tmp_path / "new" / "run"
+    n = options.pop("num_images", 2)
+    with pytest.raises(SystemExit, match=message):
+        sample(out, n, no_progress=True, **options)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(method="lantern", tree="chain", k=5000), "--k must be at most 1023 for this model"),
+    (dict(model="tiny-mar", num_iter=65), "--num-iter must be at most the model's 64 tokens per image"),
+    (dict(classes=[3, 10]), r"--classes must be class ids in \[0, 10\)"),
+])
+def test_settings_bounded_by_the_model_are_refused_before_any_run_file(tmp_path, options, message):
+    """Bounds that need the model are checked once it is loaded, before config.json or any image."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=message):
+        sample(out, 2, no_progress=True, **options)
+    assert sorted(p.name for p in out.iterdir()) == [sampling.LOCK_FILE]
+
+
+@pytest.mark.parametrize("model, files", [("checkpoint", ("gpt", "vq")), ("mar-checkpoint", ("mar", "vae"))])
+def test_an_unreadable_checkpoint_gets_a_message_naming_it(tmp_path, model, files):
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit, match=f"the {model} model cannot be loaded .*--{files[0]} .*garbage.pth.*Error"):
+        sample(tmp_path / "run", 1, model=model, no_progress=True, **{name: str(garbage) for name in files})
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_cli_refuses_bad_settings_before_writing(tmp_path):
+    from lantern.cli import main
+
+    for flags, message in ((["--seed", "-1"], "--seed must be in"), (["--cfg-scale", "inf"], "--cfg-scale must be a "
+                           "finite"), (["--top-p", "2"], "--top-p must be in"), (["--temperature", "-1"],
+                           "--temperature must be in")):
+        with pytest.raises(SystemExit, match=message):
+            main(["sample", str(tmp_path / "run"), "--num-images", "2", *flags])
+        assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("steps", ["abc", "0", "-3", "5000", ""])
+def test_num_sampling_steps_is_checked_before_the_checkpoint_is_read(tmp_path, steps):
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"not a checkpoint")  # reading it would fail with another message
+    with pytest.raises(SystemExit, match="--num-sampling-steps must be a number of diffusion steps"):
+        sample(tmp_path / "run", 2, model="mar-checkpoint", mar=str(garbage), vae=str(garbage),
+               num_sampling_steps=steps, no_progress=True)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(batch=2.5), TypeError, "sample\\(\\): batch must be an int, got float 2.5"),
+    (dict(classes=[1.5]), TypeError, "sample\\(\\): classes must be an int, got float 1.5"),
+    (dict(classes=3), TypeError, "sample\\(\\): classes must be a list"),
+    (dict(classes=[]), SystemExit, "--classes must hold between 1 and"),
+    (dict(resume="no"), TypeError, "sample\\(\\): resume must be True or False, got 'no'"),
+    (dict(seed=True), TypeError, "sample\\(\\): seed must be an int, got bool"),
+    (dict(temperature="1"), TypeError, "sample\\(\\): temperature must be a number"),
+    (dict(method="bogus"), ValueError, "sample\\(\\): method must be one of"),
+    (dict(num_images="4"), TypeError, "sample\\(\\): num_images must be an int"),
+    (dict(seed=None), TypeError, "sample\\(\\): seed cannot be None"),
+])
+def test_the_api_checks_its_options_as_the_cli_does(tmp_path, options, error, message):
+    n = options.pop("num_images", 2)
+    with pytest.raises(error, match=message):
+        sample(tmp_path / "run", n, no_progress=True, **options)
+    assert not (tmp_path / "run").exists()
+
+
+def test_numpy_integers_and_paths_are_accepted_as_the_cli_would_read_them(tmp_path):
+    from lantern.sample_options import check_api_value
+
+    actions = {a.dest: a for a in sampling._sample_parser()._actions}
+    assert check_api_value("batch", actions["batch"], np.int64(4)) == 4
+    assert check_api_value("classes", actions["classes"], (np.int32(1), 2)) == [1, 2]
+    assert check_api_value("out", actions["out"], tmp_path) == str(tmp_path)
+    assert check_api_value("cfg_scale", actions["cfg_scale"], 2) == 2.0
+
+
+# ---------------------------------------------------------------------------------------------- the folder's layout
+
+
+@pytest.fixture()
+def finished_run(small_run, tmp_path):
+    """A copy of a finished run that a test may damage."""
+    copy = tmp_path / "copy"
+    shutil.copytree(small_run, copy)
+    return copy
+
+
+SMALL = dict(batch=2, seed=1, no_progress=True)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: ((d / "images").rename(d / "moved"), (d / "images").write_text("x")), "images is not a folder"),
+    (lambda d: ((d / "runs").rename(d / "moved"), (d / "runs").write_text("x")), "runs is not a folder"),
+    (lambda d: ((d / "samples.npz").unlink(), (d / "samples.npz").mkdir()), "samples.npz is not a regular file"),
+    (lambda d: (shutil.rmtree(d / "shards"), (d / "shards").symlink_to("/proc/self")), "shards cannot be written"),
+    (lambda d: (d / "config.json").write_text("[1, 2]"), "holds a JSON list, not the settings object"),
+    (lambda d: (d / "config.json").write_text("{garbage"), "cannot be read as JSON"),
+    (lambda d: (d / "config.json").write_text("[" * 100000 + "]" * 100000), "cannot be read as JSON"),
+    (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json is not a regular file"),
+])
+def test_a_damaged_folder_is_refused_by_name_before_any_block(finished_run, damage, message):
+    (finished_run / "shards" / "000000.npz").unlink()  # a block to make, if it got that far
+    damage(finished_run)
+    with pytest.raises(SystemExit, match=message):
+        sample(finished_run, 2, resume=True, **SMALL)
+    assert not (finished_run / "shards" / "000000.npz").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+@pytest.mark.parametrize("name", ["images", "shards", "runs"])
+def test_a_read_only_subfolder_is_refused_before_any_block(finished_run, name):
+    (finished_run / "shards" / "000000.npz").unlink()
+    (finished_run / name).chmod(0o555)
+    try:
+        with pytest.raises(SystemExit, match=f"{name} cannot be written"):
+            sample(finished_run, 2, resume=True, **SMALL)
+    finally:
+        (finished_run / name).chmod(0o755)
+    assert not (finished_run / "shards" / "000000.npz").exists()
+
+
+def test_a_temporary_folder_in_dir_is_named_and_left_alone(finished_run, capsys):
+    (finished_run / ".tmp-x").mkdir()
+    (finished_run / "shards" / ".tmp-stale").write_bytes(b"PK")  # a killed run's: removed by the lock holder
+    sample(finished_run, 2, resume=True, **SMALL)
+    assert ".tmp-x is not a file lantern wrote" in capsys.readouterr().err
+    assert (finished_run / ".tmp-x").is_dir() and not (finished_run / "shards" / ".tmp-stale").exists()
+
+
+def test_an_empty_dir_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for out in ("", " "):
+        with pytest.raises(SystemExit, match="DIR must name the output folder"):
+            sample(out, 2, no_progress=True)
+    proc = subprocess.run([sys.executable, "-m", "lantern", "sample", "", "--num-images", "2"], capture_output=True,
+                          text=True, timeout=300, env=_env(), cwd=tmp_path)
+    assert proc.returncode != 0 and "DIR must name the output folder" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_files_are_written_atomically_with_the_users_umask(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        folder = _fake_run(tmp_path / "run", n=2, batch=2)
+        folder.gather(2, 2)
+    finally:
+        os.umask(previous)
+    written = [folder.root / "config.json", folder.root / "samples.npz", folder.shard_path(0), folder.png_path(1)]
+    assert [oct(p.stat().st_mode & 0o777) for p in written] == [oct(0o640)] * len(written)
+    leftovers = [p for p in folder.root.rglob(".tmp-*")]
+    assert leftovers == []
 
 
 # ---------------------------------------------------------------------------------------------- eval
@@ -268,7 +619,7 @@ def test_eval_official_path_names_the_missing_files(small_run, tmp_path):
         main(["eval", npz, "--metrics", "inception", "--reference", str(tmp_path / "absent.npz")])
     no_arr = tmp_path / "stats.npz"
     np.savez(no_arr, mu=np.zeros(3))
-    with pytest.raises(SystemExit, match="has no arr_0"):
+    with pytest.raises(SystemExit, match="has no array 'arr_0'"):
         main(["eval", npz, "--metrics", "inception", "--reference", str(no_arr)])
     with pytest.raises(SystemExit, match="--inception PATH is needed.*never downloads"):
         main(["eval", npz, "--metrics", "inception", "--reference", npz])
@@ -278,7 +629,7 @@ def test_eval_official_path_names_the_missing_files(small_run, tmp_path):
     pickled.write_bytes(pickle.dumps(os.getcwd))  # not a plain state dict: weights_only refuses it
     with pytest.raises(SystemExit, match="cannot be read as a weights file"):
         main(["eval", npz, "--metrics", "inception", "--reference", npz, "--inception", str(pickled)])
-    with pytest.raises(SystemExit, match="no arr_0|cannot be read"):
+    with pytest.raises(SystemExit, match="samples: .*stats.npz has no array 'arr_0'"):
         main(["eval", str(no_arr), "--classes", "1"])
 
 
@@ -327,3 +678,103 @@ def test_inception_metrics_plumbing_with_a_stand_in_extractor():
     assert same["inception_score"] >= 1.0 and same["n"] == same["reference_n"] == 40
     darker = inception_figures(real // 2, real, None, feature_extractor="lantern-standin", layers=layers, batch=16)
     assert darker["fid"] > 1.0 and darker["precision"] < 1.0
+
+
+def _npz_claiming(path, shape):
+    """An .npz whose arr_0 header declares uint8 ``shape`` but which holds 12 bytes of data."""
+    import io
+    import zipfile
+
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, {"descr": "|u1", "fortran_order": False, "shape": shape})
+    member.write(b"x" * 12)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("arr_0.npy", member.getvalue())
+
+
+def test_eval_refuses_damaged_npz_files_by_name(small_run, tmp_path):
+    """Truncated, lying about its size (refused from the header, before anything is allocated), pickled objects,
+    not uint8 images: each a message naming the file, never a traceback."""
+    from lantern.cli import main
+
+    npz = small_run / sampling.NPZ_FILE
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(npz.read_bytes()[:300])
+    huge = tmp_path / "huge.npz"
+    _npz_claiming(huge, (10**9, 256, 256, 3))
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, arr_0=np.array([{"a": 1}], dtype=object))
+    floats = tmp_path / "floats.npz"
+    np.savez(floats, arr_0=np.zeros((2, 4, 4, 3)))
+    for path, message in ((truncated, "truncated.npz is not a readable .npz"),
+                          (huge, r"huge.npz: arr_0 declares uint8 \[1000000000, 256, 256, 3\]"),
+                          (objects, "objects.npz: arr_0 holds Python objects"),
+                          (floats, r"floats.npz: arr_0 must be uint8 \[N, H, W, 3\] images")):
+        with pytest.raises(SystemExit, match=message):
+            main(["eval", str(path), "--classes", "1"])
+        with pytest.raises(SystemExit, match="--reference: .*" + message.split(" ", 1)[1]):
+            main(["eval", str(npz), "--metrics", "inception", "--reference", str(path)])
+
+
+def test_eval_refuses_a_folder_whose_config_is_not_a_settings_object(finished_run):
+    from lantern.cli import main
+
+    (finished_run / "config.json").write_text('["tiny"]')
+    with pytest.raises(SystemExit, match="holds a JSON list, not the settings object"):
+        main(["eval", str(finished_run)])
+    (finished_run / "config.json").write_text('{"model": "tiny", "classes": [1.5]}')
+    with pytest.raises(SystemExit, match="classes must be a non-empty list of class ids"):
+        main(["eval", str(finished_run)])
+
+
+def test_eval_checks_its_numbers(small_run):
+    from lantern.cli import main
+
+    for flags, message in ((["--batch", "0"], r"--batch must be in \[1, "), (["--classes", "-1"], "--classes must be "
+                           "class ids >= 0"), (["--device", "gpu:9"], "is not a device"),
+                           (["--classes", "10"], "classes must be ids of the tiny models' 10 classes")):
+        with pytest.raises(SystemExit, match=message):
+            main(["eval", str(small_run / sampling.NPZ_FILE), "--metrics", "tiny", *flags])
+
+
+def test_eval_names_an_inception_file_with_other_tensors_briefly(small_run, tmp_path):
+    """torch's own error lists every key (~20 KB); the checked extractor says what is wrong in a few lines."""
+    pytest.importorskip("torch_fidelity")
+    from lantern.cli import main
+
+    wrong = tmp_path / "wrong.pth"
+    torch.save({"conv.weight": torch.zeros(2, 2)}, wrong)
+    npz = str(small_run / sampling.NPZ_FILE)
+    with pytest.raises(SystemExit) as refused:
+        main(["eval", npz, "--metrics", "inception", "--reference", npz, "--inception", str(wrong), "--device", "cpu"])
+    message = str(refused.value)
+    assert "not Inception-v3's weights" in message and "missing tensors" in message
+    assert "1 unexpected tensors, e.g. ['conv.weight']" in message and len(message) < 1000
+
+
+def test_the_checked_npz_reader_reads_what_np_load_reads(tmp_path):
+    from lantern.npz_io import open_npz, read_member
+
+    arrays = dict(c=np.arange(24, dtype=np.int64).reshape(2, 3, 4), f=np.asfortranarray(np.ones((3, 5)) * 2.5),
+                  big=np.arange(6, dtype=">i4"), empty=np.zeros((0, 3), np.uint8))
+    for save in (np.savez, np.savez_compressed):
+        path = tmp_path / f"{save.__name__}.npz"
+        save(path, **arrays)
+        with open_npz(path) as zf, np.load(path) as reference:
+            for name in arrays:
+                got = read_member(zf, name)
+                assert got.dtype == reference[name].dtype and np.array_equal(got, reference[name])
+
+
+def test_a_shard_damaged_inside_is_found_by_the_gather_and_removed(tmp_path):
+    """A flipped byte in a shard's pixels passes the header checks; the gather reads every byte (zip CRC),
+    names the shard and removes it so --resume makes its block again, and writes no samples.npz."""
+    folder = _fake_run(tmp_path / "run", n=4, batch=2)
+    data = bytearray(folder.shard_path(1).read_bytes())
+    at = data.rindex(b"\x01\x01\x01")  # inside block 1's pixels (all 1)
+    data[at] = 0
+    folder.shard_path(1).write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match=r"000001.npz: images cannot be read .*CRC.*removed: --resume makes "
+                                           r"block 1 again"):
+        folder.gather(4, 2)
+    assert not folder.shard_path(1).exists() and not (folder.root / "samples.npz").exists()

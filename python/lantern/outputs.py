@@ -4,8 +4,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import tempfile
-from typing import Iterable
+from pathlib import Path
+from typing import Callable, Iterable
+
+TMP_PREFIX = ".tmp-"  # temporary files of atomic_write, beside their target
 
 
 def image_suffixes() -> list:
@@ -56,6 +60,39 @@ def finite_or_none(value):
 def write_json(path: str, figures: dict) -> None:
     """figures as JSON (indent 2); a figure that is not a finite number (the Frechet distance of one image,
     the accuracy of an absent class) is written as null, never as the invalid bare NaN / Infinity."""
-    text = json.dumps(finite_or_none(figures), indent=2, allow_nan=False)
-    with open(path, "w") as f:
-        f.write(text + "\n")
+    text = json.dumps(finite_or_none(figures), indent=2, allow_nan=False) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def atomic_write(path, write: Callable, durable: bool = True) -> None:
+    """write(binary file object) into a new temporary file beside ``path`` (a unique name, created exclusively,
+    never through a symlink, with the mode the user's umask gives a new file), then rename it onto ``path``: a
+    reader sees the whole old file or the whole new one. ``durable``: fsync before the rename."""
+    path = Path(path)
+    fd, tmp = _create_unique(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _create_unique(path: Path):
+    """(fd, path) of a new empty file .tmp-<random>-<name> in path's folder. Mode 0o666 less the umask (as
+    open() gives), unlike tempfile.mkstemp's 0o600."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.parent / f"{TMP_PREFIX}{secrets.token_hex(8)}-{path.name[:64]}"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")

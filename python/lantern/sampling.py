@@ -7,34 +7,32 @@ numbers by the job's seed and the image id itself (``lantern.generate``'s ``imag
 on the settings, never on the batch size, the world size, the rank, the order the blocks run in, or a
 restart. The batch size stays in config.json as the folder's block layout (shard j holds block j).
 
-Layout of DIR: config.json (the settings), images/<id>.png, shards/<block>.npz (ids, uint8 images: a
-block's completion mark, written last and atomically), runs/run-<k>.json (one per run: tau, forwards, wall
-time per rank), samples.npz (arr_0 = uint8 [N, H, W, 3] in id order, written once every block is there).
+Every option is checked before anything is loaded or written (``sample_options``); rank 0 then takes DIR's
+lock for the whole run (``sample_folder``: the layout of DIR, config.json, shards, the gather into
+samples.npz).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
-import json
 import os
-import re
+import secrets
 import signal
-import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Sequence
 
-import numpy as np
 import torch
 
-FORMAT = 2  # of config.json and the folder layout (2: discrete images keyed by image id, not by block)
-CONFIG_FILE, IMAGES, SHARDS, RUNS, NPZ_FILE = "config.json", "images", "shards", "runs", "samples.npz"
+from .sample_folder import (CONFIG_FILE, FORMAT, IMAGES, LOCK_FILE, NPZ_FILE, RUNS, SHARDS,  # noqa: F401 re-exported
+                            SampleFolder, block_count, block_ids, digest)
+from .sample_options import MAR_MODELS, check_api_value, check_sample_options
+
 DEFAULT_BATCH = 16
 STOP_AFTER_ENV = "LANTERN_SAMPLE_STOP_AFTER"  # tests: SIGKILL this process after that many of its blocks
-_TMP_PREFIX = ".tmp-"
-_SHARD_NAME = re.compile(r"^(\d+)\.npz$")
+PROGRESS_POLL_S = 0.5
 
 
 # ---------------------------------------------------------------------------------------------- ranks
@@ -98,201 +96,37 @@ def _all_gather(value, ranks: Ranks) -> list:
     return out
 
 
-def _barrier(ranks: Ranks) -> None:
-    if ranks.distributed:
-        import torch.distributed as dist
+def _agree(ranks: Ranks, step):
+    """Rank 0 runs step() and every rank gets its value, or every rank raises SystemExit with the message of
+    what rank 0 raised (so no rank waits on a collective that rank 0 will never reach)."""
+    outcome, failure = None, None
+    if ranks.main:
+        try:
+            outcome = ("ok", step())
+        except SystemExit as e:
+            failure, outcome = e, ("refused", str(e))
+        except BaseException as e:
+            failure, outcome = e, ("refused", f"rank 0 failed: {type(e).__name__}: {e}")
+    outcome = _broadcast(outcome, ranks)
+    if failure is not None:
+        raise failure
+    if outcome[0] != "ok":
+        raise SystemExit(outcome[1])
+    return outcome[1]
 
-        dist.barrier()
+
+# ---------------------------------------------------------------------------------------------- ids
 
 
-# ---------------------------------------------------------------------------------------------- ids and seeds
-
-
-def block_ids(j: int, n: int, batch: int) -> torch.Tensor:
-    """The image ids of block j: [j * batch, min((j + 1) * batch, n)) as int64."""
-    return torch.arange(j * batch, min((j + 1) * batch, n), dtype=torch.int64)
-
-
-def block_count(n: int, batch: int) -> int:
-    return -(-n // batch)
-
-
-def rank_blocks(n_blocks: int, ranks: Ranks) -> List[int]:
+def rank_blocks(n_blocks: int, ranks: Ranks) -> range:
     """Blocks j with j mod world == rank (interleaved: every rank's share ends within one block of the others')."""
-    return list(range(ranks.rank, n_blocks, ranks.world))
+    return range(ranks.rank, n_blocks, ranks.world)
 
 
 def labels_of(ids: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
     """Class of each image id: classes[id mod len(classes)] -> int64 [len(ids)]."""
     table = torch.tensor(list(classes), dtype=torch.int64)
     return table[ids % len(table)]
-
-
-# ---------------------------------------------------------------------------------------------- the folder
-
-
-def _atomic_write(path: Path, write) -> None:
-    """write(file object) into a temporary file beside ``path``, then rename it onto ``path`` (a reader sees
-    the whole file or none)."""
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-class SampleFolder:
-    """DIR's files (module docstring)."""
-
-    def __init__(self, root):
-        self.root = Path(root)
-        self.images, self.shards, self.runs = self.root / IMAGES, self.root / SHARDS, self.root / RUNS
-
-    def check_writable(self) -> None:
-        """SystemExit naming DIR unless it is (or can be made) a folder that takes new files."""
-        if self.root.exists() and not self.root.is_dir():
-            raise SystemExit(f"output folder {str(self.root)!r} is a file; give a folder")
-        parent = self.root if self.root.exists() else self.root.parent
-        while not parent.exists():
-            parent = parent.parent
-        try:
-            with tempfile.TemporaryFile(dir=parent):
-                pass
-        except OSError as e:
-            raise SystemExit(f"output folder {str(self.root)!r} cannot be written ({parent}: "
-                             f"{e.strerror or e})") from e
-
-    def prepare(self, settings: dict, resume: bool) -> int:
-        """Rank 0, before any image: check DIR against ``settings`` (docs/sampling.md "Resume"), create it and
-        its config, remove temporary files a killed run left. -> blocks already done. SystemExit when DIR
-        holds another run, or any run without ``resume``."""
-        saved = self._saved_settings()
-        if saved is None:
-            if self.root.exists() and any(self.root.iterdir()):
-                raise SystemExit(f"output folder {str(self.root)!r} is not empty and holds no {CONFIG_FILE} of a "
-                                 f"lantern sample run; give a new or empty folder")
-        else:
-            differing = _differences(saved, settings)
-            if differing:
-                verb = "cannot resume it" if resume else "refusing to write into it"
-                raise SystemExit(f"output folder {str(self.root)!r} holds a run with other settings; {verb}. "
-                                 f"Differing: {'; '.join(differing)}. Give a new folder, or the run's settings")
-            if not resume:
-                done = len(self.done_blocks())
-                raise SystemExit(f"output folder {str(self.root)!r} already holds this run ({done} blocks done); "
-                                 f"pass --resume to continue it, or give a new folder")
-        for folder in (self.root, self.images, self.shards, self.runs):
-            folder.mkdir(parents=True, exist_ok=True)
-        if saved is None:
-            text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
-            _atomic_write(self.root / CONFIG_FILE, lambda f: f.write(text.encode()))
-        for folder in (self.root, self.images, self.shards, self.runs):
-            for stray in folder.glob(_TMP_PREFIX + "*"):
-                stray.unlink()
-        return len(self.done_blocks())
-
-    def _saved_settings(self) -> Optional[dict]:
-        path = self.root / CONFIG_FILE
-        if not path.exists():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"{path} cannot be read as JSON ({e}); give a new folder") from e
-
-    def done_blocks(self) -> set:
-        """Blocks whose shard exists (written last and atomically: the block is complete)."""
-        if not self.shards.exists():
-            return set()
-        return {int(m.group(1)) for m in map(_SHARD_NAME.match, os.listdir(self.shards)) if m}
-
-    def png_path(self, image_id: int) -> Path:
-        return self.images / f"{image_id:06d}.png"
-
-    def shard_path(self, j: int) -> Path:
-        return self.shards / f"{j:06d}.npz"
-
-    def write_block(self, j: int, ids: torch.Tensor, pixels: np.ndarray) -> None:
-        """pixels uint8 [b, H, W, 3] of ids [b]: each PNG, then the shard (atomically, each)."""
-        from PIL import Image
-
-        for image_id, picture in zip(ids.tolist(), pixels):
-            _atomic_write(self.png_path(image_id), lambda f, p=picture: Image.fromarray(p).save(f, format="PNG"))
-        ids_np = ids.numpy().astype(np.int64)
-        _atomic_write(self.shard_path(j), lambda f: np.savez(f, ids=ids_np, images=pixels))
-
-    def gather(self, n: int, batch: int) -> Path:
-        """Check that the shards hold each id of 0..n-1 exactly once (and each PNG is there), then write
-        samples.npz (arr_0 uint8 [n, H, W, 3] in id order) block by block, atomically. -> its path."""
-        n_blocks = block_count(n, batch)
-        counts = np.zeros(n, dtype=np.int64)
-        stray = []
-        shape = None
-        for j in sorted(self.done_blocks()):
-            with np.load(self.shard_path(j)) as shard:
-                ids, images = shard["ids"], shard["images"]
-            inside = ids[(ids >= 0) & (ids < n)]
-            stray += ids[(ids < 0) | (ids >= n)].tolist()
-            np.add.at(counts, inside, 1)
-            shape = shape or images.shape[1:]
-            if images.shape[1:] != shape or images.dtype != np.uint8 or len(images) != len(ids):
-                raise RuntimeError(f"shard {self.shard_path(j)}: images {images.dtype} {images.shape} do not "
-                                   f"match ids {ids.shape} and uint8 [*, {shape}]")
-        _check_counts(counts, stray, n)
-        missing_png = [i for i in range(n) if not self.png_path(i).exists()]
-        if missing_png:
-            raise RuntimeError(f"{len(missing_png)} PNG files are missing, e.g. ids {missing_png[:10]}")
-        path = self.root / NPZ_FILE
-        _atomic_write(path, lambda f: self._write_npz(f, n, n_blocks, shape))
-        return path
-
-    def _write_npz(self, f, n: int, n_blocks: int, shape) -> None:
-        """np.savez's layout (a stored zip member arr_0.npy), streamed one shard at a time."""
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
-                  "shape": (n, *shape)}
-        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            with zf.open("arr_0.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array_header_1_0(member, header)
-                for j in range(n_blocks):
-                    with np.load(self.shard_path(j)) as shard:
-                        member.write(np.ascontiguousarray(shard["images"]).tobytes())
-
-    def write_run(self, record: dict) -> Path:
-        """runs/run-<k>.json, k = the runs before it."""
-        from .outputs import finite_or_none
-
-        k = len(list(self.runs.glob("run-*.json")))
-        path = self.runs / f"run-{k:03d}.json"
-        text = json.dumps(finite_or_none(record), indent=2, allow_nan=False) + "\n"
-        _atomic_write(path, lambda f: f.write(text.encode()))
-        return path
-
-
-def _check_counts(counts: np.ndarray, stray: list, n: int) -> None:
-    """RuntimeError naming the ids that appear twice, never, or outside 0..n-1."""
-    duplicated = np.flatnonzero(counts > 1).tolist()
-    missing = np.flatnonzero(counts == 0).tolist()
-    problems = []
-    if stray:
-        problems.append(f"ids outside [0, {n}): {stray[:10]}")
-    if duplicated:
-        problems.append(f"{len(duplicated)} duplicated ids, e.g. {duplicated[:10]}")
-    if missing:
-        problems.append(f"{len(missing)} missing ids, e.g. {missing[:10]}")
-    if problems:
-        raise RuntimeError(f"the shards do not hold each of the {n} images exactly once: " + "; ".join(problems))
-
-
-def _differences(saved: dict, now: dict) -> List[str]:
-    keys = sorted(set(saved) | set(now))
-    return [f"{key} (the folder's run: {saved.get(key, '<unset>')!r}, now: {now.get(key, '<unset>')!r})"
-            for key in keys if saved.get(key) != now.get(key)]
 
 
 # ---------------------------------------------------------------------------------------------- samplers
@@ -304,15 +138,22 @@ class DiscreteSampler:
     def __init__(self, args):
         from . import generate_cli as gc
 
-        self.gpt, self.vq, meta = gc._load(args)
+        self.gpt, self.vq, meta = _loaded(gc._load, args)
         cfg_scale, top_k = gc.guidance_and_top_k(args, meta)
         self.num_classes = self.gpt.config.num_classes
+        side = self.gpt.config.grid_size * self.vq.config.downsample
+        self.image_shape = (side, side)
+        self.weight_files = _discrete_weight_files(args)
         self.sampling = dict(cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p,
                              cfg_interval=args.cfg_interval)
         self.method, self.L = args.method, self.gpt.config.block_size
         self.options = dict(method=args.method, compile=args.compile)
         self.settings = dict(self.sampling, dtype=str(self.gpt.tok_embeddings.weight.dtype).replace("torch.", ""))
         if args.method != "ar":
+            codes = self.vq.quantize.embedding.weight.shape[0]
+            if gc.relaxed(args) and args.k > codes - 1:
+                raise SystemExit(f"--k must be at most {codes - 1} for this model (the other codes of its "
+                                 f"{codes}-code codebook), got {args.k}")
             drafter, table = gc._drafter_and_table(args, self.gpt, self.vq)
             spec = gc.method_options(args)
             self.settings.update(spec)
@@ -351,9 +192,16 @@ class MARSampler:
 
         gm._check_options(args)
         self.config = gm._cspd_config(args) if args.method == "cspd" else None
-        self.mar, self.drafter, self.vae, defaults, _ = gm._load(args)
+        self.mar, self.drafter, self.vae, defaults, _ = _loaded(gm._load, args)
         cfg, num_iter, schedule = gm.mar_settings(args, self.mar, defaults, self.config)
+        if num_iter > self.mar.config.seq_len:  # later steps would predict no token
+            raise SystemExit(f"--num-iter must be at most the model's {self.mar.config.seq_len} tokens per image, "
+                             f"got {num_iter}")
         self.num_classes = self.mar.config.class_num
+        config = self.mar.config
+        side = config.seq_side * config.patch_size * self.vae.config.downsample
+        self.image_shape = (side, side)
+        self.weight_files = _mar_weight_files(args)
         self.sampling = dict(cfg_scale=cfg, temperature=args.temperature, num_iter=num_iter, cfg_schedule=schedule)
         self.settings = dict(self.sampling, diffusion_steps=self.mar.diffloss.gen_diffusion.num_timesteps)
         self.options = dict(method=args.method, drafter=self.drafter)
@@ -391,43 +239,67 @@ class MARSampler:
         return dict(tau=tau, acceptance=counts.get("accepted", 0) / max(counts.get("drafted", 0), 1), **counts)
 
 
+def _loaded(load, args):
+    """load(args), or SystemExit naming the model's files and the loader's complaint (its first line): a
+    checkpoint the user names is input, and a bad one deserves a message, not a traceback."""
+    try:
+        return load(args)
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - every loader failure: unreadable, wrong format, wrong tensors
+        files = ", ".join(f"--{dest.replace('_', '-')} {getattr(args, dest)}" for dest in
+                          ("gpt", "vq", "mar", "vae", "mar_drafter") if getattr(args, dest, None))
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise SystemExit(f"the {args.model} model cannot be loaded{f' ({files})' if files else ''}: "
+                         f"{type(e).__name__}: {first_line}") from e
+
+
+def _discrete_weight_files(args) -> Dict[str, str]:
+    """name -> path of every weight file a discrete run reads (their digests go into config.json)."""
+    if args.model == "tiny":
+        from .pretrained import TINY_DIR
+
+        files = {"gpt": TINY_DIR / "gpt.safetensors", "vq": TINY_DIR / "vq.safetensors"}
+        if args.method in ("spec", "lantern"):
+            files["drafter"] = TINY_DIR / "drafter.safetensors"
+        return {name: str(path) for name, path in files.items()}
+    return {"gpt": args.gpt, "vq": args.vq}
+
+
+def _mar_weight_files(args) -> Dict[str, str]:
+    if args.model == "tiny-mar":
+        from .tiny_mar import TINY_MAR_DIR
+
+        names = ("mar", "vae", "drafter") if args.method == "cspd" else ("mar", "vae")
+        return {name: str(TINY_MAR_DIR / f"{name}.safetensors") for name in names}
+    files = {"mar": args.mar, "vae": args.vae}
+    if args.method == "cspd":
+        files["mar_drafter"] = args.mar_drafter
+    return files
+
+
 # ---------------------------------------------------------------------------------------------- the job
 
 
 def settings_of(args, sampler) -> dict:
-    """The settings that decide the images (config.json): model, method, ids, seed and every sampling option
-    after the model's defaults are filled in; and the batch, which decides the folder's block layout (not the
-    images). Speed-only options (--fused, --compile, --device, progress) are left out, so a run may resume on
-    another machine."""
-    model = {key: getattr(args, key) for key in ("model", "gpt", "gpt_name", "vq", "image_size", "mar", "mar_name",
-                                                 "vae", "vae_name", "num_sampling_steps", "mar_drafter",
-                                                 "mar_drafter_name") if getattr(args, key, None) is not None}
-    if args.model in ("tiny", "tiny-mar"):
-        model = {"model": args.model}
+    """The settings that decide the images (config.json): model, the sha256 of each weight file it reads,
+    method, ids, seed and every sampling option after the model's defaults are filled in; and the batch, which
+    decides the folder's block layout (not the images). Speed-only options (--fused, --compile, --device,
+    progress) are left out, so a run may resume on another machine. Reads every weight file once (rank 0)."""
+    from .generate_cli import MODEL_OPTIONS
+
+    model = {"model": args.model}
+    if args.model not in ("tiny", "tiny-mar"):
+        model.update({key: getattr(args, key) for key in ("gpt", "gpt_name", "vq", "image_size", "mar", "mar_name",
+                                                          "vae", "vae_name", "num_sampling_steps", "mar_drafter",
+                                                          "mar_drafter_name")
+                      if getattr(args, key, None) is not None and args.model in MODEL_OPTIONS[key]})
     for key in ("gpt", "vq", "mar", "vae", "mar_drafter"):
         if key in model:
             model[key] = os.path.abspath(model[key])
-    return dict(format=FORMAT, **model, method=args.method, num_images=args.num_images, batch=args.batch,
-                seed=args.seed, classes=list(args.classes), **sampler.settings)
-
-
-def _check_job_options(args) -> None:
-    from .generate_cli import check_method_options
-
-    if args.num_images is None or args.num_images < 1:
-        raise SystemExit(f"--num-images must be >= 1, got {args.num_images}")
-    if args.num_images > 10**8:
-        raise SystemExit(f"--num-images must be <= 10^8 (image ids are 32-bit counters), got {args.num_images}")
-    if args.batch is None:
-        args.batch = DEFAULT_BATCH
-    if args.method == "cspd" and args.model not in ("tiny-mar", "mar-checkpoint"):
-        raise SystemExit("--method cspd (continuous speculative decoding) is for MAR models: --model tiny-mar or "
-                         "mar-checkpoint")
-    check_method_options(args)
-    if args.model in ("tiny", "checkpoint") and args.method != "ar" and args.tree == "auto":
-        raise SystemExit("lantern sample needs a fixed draft tree (--tree chain, static or dynamic): --tree auto "
-                         "picks each step's tree from timings, so the images would depend on the machine and the "
-                         "batch (docs/sampling.md)")
+    sha256 = {name: digest(path) for name, path in sampler.weight_files.items()}
+    return dict(format=FORMAT, **model, sha256=sha256, method=args.method, num_images=args.num_images,
+                batch=args.batch, seed=args.seed, classes=list(args.classes), **sampler.settings)
 
 
 def _check_classes(args, num_classes: int) -> None:
@@ -440,30 +312,17 @@ def _check_classes(args, num_classes: int) -> None:
 
 def run_sample(args: argparse.Namespace) -> int:
     """The job on this rank (module docstring)."""
-    _check_job_options(args)
+    check_sample_options(args, DEFAULT_BATCH)
     folder = SampleFolder(args.out)
     ranks, args.device = init_ranks(args.device)
     try:
-        refusal = _broadcast(_guarded(folder.check_writable) if ranks.main else None, ranks)
-        if isinstance(refusal, str):
-            raise SystemExit(refusal)
-        if args.fused:
-            from . import enable_fused
+        _agree(ranks, lambda: _open_folder(folder))
+        from ._backend import fused
 
-            enable_fused(args.fused)
-        sampler = MARSampler(args) if args.model in ("tiny-mar", "mar-checkpoint") else DiscreteSampler(args)
-        _check_classes(args, sampler.num_classes)
-        settings = settings_of(args, sampler)
-        verdict = _guarded(lambda: folder.prepare(settings, args.resume)) if ranks.main else None
-        verdict = _broadcast(verdict, ranks)
-        if isinstance(verdict, str):
-            raise SystemExit(verdict)
-        record = _generate_share(args, ranks, folder, sampler)
-        records = _all_gather(record, ranks)
-        _barrier(ranks)
-        if ranks.main:
-            _finish(args, folder, sampler, settings, records, ranks)
+        with fused(args.fused) if args.fused else contextlib.nullcontext():  # the process's backend restored after
+            _run_locked(args, ranks, folder)
     finally:
+        folder.unlock()
         if ranks.distributed:
             import torch.distributed as dist
 
@@ -471,82 +330,118 @@ def run_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guarded(step):
-    """step() -> its value, or the message of the SystemExit it raised (broadcast to every rank)."""
-    try:
-        return step()
-    except SystemExit as e:
-        return str(e)
+def _open_folder(folder: SampleFolder) -> None:
+    """Rank 0, before any model is loaded: DIR can be written, is locked by this run, and its layout holds no
+    surprise."""
+    folder.check_writable()
+    folder.check_layout()  # first without the lock: a folder refused gets no lock file
+    folder.lock()
+    folder.check_layout()
 
 
-def _generate_share(args, ranks: Ranks, folder: SampleFolder, sampler) -> dict:
-    """Every block of this rank's share that is not done yet. -> this rank's record for the run JSON."""
+def _run_locked(args, ranks: Ranks, folder: SampleFolder) -> None:
+    sampler = MARSampler(args) if args.model in MAR_MODELS else DiscreteSampler(args)
+    _check_classes(args, sampler.num_classes)
+    settings = settings_of(args, sampler) if ranks.main else None
+
+    def prepare():
+        done = folder.prepare(settings, args.resume, args.num_images, args.batch, sampler.image_shape)
+        return done, secrets.token_hex(8)  # the token keys this run's progress counter
+
+    images_before, token = _agree(ranks, prepare)
+    record = _generate_share(args, ranks, folder, sampler, images_before, token)
+    records = _all_gather(record, ranks)
+    if ranks.main:
+        _finish(args, folder, sampler, settings, records, ranks)
+
+
+def _generate_share(args, ranks: Ranks, folder: SampleFolder, sampler, images_before: int, token: str) -> dict:
+    """Every block of this rank's share that is not done yet. -> this rank's record for the run JSON. The
+    bookkeeping is one scan of shards/ (a bool per block) and O(1) per block."""
     n, batch = args.num_images, args.batch
-    n_blocks = block_count(n, batch)
-    done = folder.done_blocks()
-    todo = [j for j in rank_blocks(n_blocks, ranks) if j not in done]
-    bar = _progress(args, ranks, n, folder, n_blocks)
+    mine = rank_blocks(block_count(n, batch), ranks)
+    done = folder.done_blocks(block_count(n, batch))[mine.start::mine.step]  # bool [len(mine)]
+    progress = _Progress.start(args, ranks, images_before, token)
     stop_after = int(os.environ.get(STOP_AFTER_ENV, "0"))
     counts: Dict[str, float] = {}
-    images = 0
+    images = blocks = 0
     t0 = time.perf_counter()
-    for k, j in enumerate(todo):
+    for k, j in enumerate(mine):
+        if done[k]:
+            continue
         ids = block_ids(j, n, batch)
         pixels, block_counts = sampler.sample(ids, labels_of(ids, args.classes), args.seed)
         folder.write_block(j, ids, pixels)
-        images += len(ids)
+        images, blocks = images + len(ids), blocks + 1
         for key, value in block_counts.items():
             counts[key] = counts.get(key, 0) + value
-        if bar is not None:
-            bar.refresh_from_folder()
-        if stop_after and k + 1 >= stop_after:
+        progress.add(len(ids))
+        if stop_after and blocks >= stop_after:
             os.kill(os.getpid(), signal.SIGKILL)  # tests: a kill between two blocks
     wall = time.perf_counter() - t0
-    if bar is not None:
-        bar.wait_for_all()
-    counts["blocks_run"] = len(todo)
-    return dict(rank=ranks.rank, blocks=len(todo), images=images, wall_s=wall,
+    progress.finish()
+    counts["blocks_run"] = blocks
+    return dict(rank=ranks.rank, blocks=blocks, images=images, wall_s=wall,
                 images_per_s=images / wall if wall > 0 else None,
                 **sampler.figures(counts, images))
 
 
-class _FolderProgress:
-    """Rank 0's bar over every rank's images: the shards in DIR, counted after each of rank 0's blocks and,
-    once its share is done, every half second until every block is there (docs/sampling.md)."""
+class _Progress:
+    """Rank 0's bar over every rank's images: the images done before this run plus a counter in the process
+    group's key-value store to which every rank adds each of its blocks (O(1) per block, whatever the number
+    of shards). Once its own share is done, rank 0 waits on an asynchronous barrier, reading the counter every
+    half second, so the bar runs until the slowest rank ends."""
 
-    def __init__(self, bar, folder: SampleFolder, n: int, batch: int, n_blocks: int):
-        self.bar, self.folder, self.n, self.batch, self.n_blocks = bar, folder, n, batch, n_blocks
+    def __init__(self, bar, ranks: Ranks, store, key: str, before: int):
+        self.bar, self.ranks, self.store, self.key, self.before = bar, ranks, store, key, before
+        self.mine = 0
 
-    def _images_done(self) -> int:
-        done = self.folder.done_blocks()
-        return sum(len(block_ids(j, self.n, self.batch)) for j in done if j < self.n_blocks)
+    @classmethod
+    def start(cls, args, ranks: Ranks, before: int, token: str) -> "_Progress":
+        bar = None
+        if ranks.main:
+            from tqdm import tqdm
 
-    def refresh_from_folder(self) -> int:
-        now = self._images_done()
-        self.bar.update(now - self.bar.n)
-        return now
+            bar = tqdm(total=args.num_images, initial=before, unit="img", disable=args.no_progress,
+                       desc=f"{args.method}: {args.num_images} images on {ranks.world} "
+                            f"rank{'s' if ranks.world > 1 else ''}")
+        return cls(bar, ranks, _store(ranks), f"lantern-sample/{token}/images", before)
 
-    def wait_for_all(self) -> None:
-        while self.refresh_from_folder() < self.n:
-            time.sleep(0.5)
-        self.bar.close()
+    def add(self, images: int) -> None:
+        self.mine += images
+        made = self.store.add(self.key, images) if self.store is not None else self.mine
+        if self.bar is not None:
+            self.bar.update(self.before + int(made) - self.bar.n)
+
+    def finish(self) -> None:
+        if self.ranks.distributed:
+            import torch.distributed as dist
+
+            work = dist.barrier(async_op=True)
+            while self.bar is not None and not work.is_completed():
+                self.add(0)
+                time.sleep(PROGRESS_POLL_S)
+            work.wait()
+        if self.bar is not None:
+            self.add(0)
+            self.bar.close()
 
 
-def _progress(args, ranks: Ranks, n: int, folder: SampleFolder, n_blocks: int) -> Optional[_FolderProgress]:
-    if not ranks.main:
+def _store(ranks: Ranks):
+    """The process group's key-value store (torchrun's), or None (one process, or a group without one)."""
+    if not ranks.distributed:
         return None
-    from tqdm import tqdm
+    try:
+        from torch.distributed import distributed_c10d
 
-    progress = _FolderProgress(None, folder, n, args.batch, n_blocks)
-    bar = tqdm(total=n, initial=progress._images_done(), unit="img", disable=args.no_progress,
-               desc=f"{args.method}: {n} images on {ranks.world} rank{'s' if ranks.world > 1 else ''}")
-    progress.bar = bar
-    return progress
+        return distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 def _finish(args, folder: SampleFolder, sampler, settings: dict, records: list, ranks: Ranks) -> None:
     """Rank 0 after every rank is done: the checked gather into samples.npz, and the run's JSON."""
-    npz = folder.gather(args.num_images, args.batch)
+    npz = folder.gather(args.num_images, args.batch, sampler.image_shape)
     images = sum(r["images"] for r in records)
     wall = max(r["wall_s"] for r in records)
     summed: Dict[str, float] = {}
@@ -566,20 +461,28 @@ def _finish(args, folder: SampleFolder, sampler, settings: dict, records: list, 
           f"wrote {npz} and {run}")
 
 
+# ---------------------------------------------------------------------------------------------- API and CLI
+
+
 def sample(out, num_images: int, **options) -> Path:
     """Python API of ``lantern sample``: generate ``num_images`` images into the folder ``out`` (under torchrun:
     this rank's share, docs/sampling.md). ``options`` are the CLI's options by their Python names (model="tiny",
-    method="ar", batch=16, seed=0, classes=None, resume=False, cfg_scale=..., tree="chain", k=..., ...).
-    -> the path of samples.npz."""
-    from .cli import build_parser
-
-    args = build_parser().parse_args(["sample", str(out), "--num-images", str(num_images)])
-    for key, value in options.items():
-        if not hasattr(args, key) or key in ("func", "command"):
+    method="ar", batch=16, seed=0, classes=None, resume=False, cfg_scale=..., tree="chain", k=..., ...), of the
+    types the CLI converts its text to (TypeError otherwise, naming the option), checked as the CLI checks them
+    (SystemExit). -> the path of samples.npz."""
+    parser = _sample_parser()
+    args = parser.parse_args(["DIR", "--num-images", "1"])
+    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
+    for key, value in dict(options, out=out, num_images=num_images).items():
+        if key not in actions:
             raise TypeError(f"sample() got an unknown option {key!r}")
-        setattr(args, key, value)
+        setattr(args, key, check_api_value(key, actions[key], value))
     run_sample(args)
-    return Path(out) / NPZ_FILE
+    return Path(args.out) / NPZ_FILE
+
+
+def _sample_parser() -> argparse.ArgumentParser:
+    return add_sample_parser(argparse.ArgumentParser(prog="lantern").add_subparsers())
 
 
 def add_sample_parser(sub) -> argparse.ArgumentParser:
@@ -594,7 +497,10 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
                     "`torchrun --nproc_per_node N -m lantern sample ...` for N processes (nccl on GPUs, gloo "
                     "on CPUs) or plainly for one. Image i has class classes[i mod len(classes)]; the same "
                     "settings give the same images whatever the number of processes. A killed run continues "
-                    "with --resume. docs/sampling.md.")
+                    "with --resume (damaged shards are named and made again); config.json records the sha256 "
+                    "of each weight file, so a resume with other weights is refused. A running job locks DIR "
+                    "(DIR/.lock): a second start there is refused. Every option is checked before anything is "
+                    "loaded or written. docs/sampling.md.")
     p.add_argument("out", metavar="DIR", help="output folder (new or empty; with --resume: a run's folder)")
     p.add_argument("--num-images", type=int, required=True, help="images to generate (ids 0..N-1)")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR (its settings must match)")
