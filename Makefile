@@ -27,6 +27,7 @@ $(STAMP): $(VENV)/bin/python requirements.txt setup.py pyproject.toml $(CSRC)
 	$(VENV)/bin/pip install -q -r requirements.txt
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=$${MAX_JOBS:-2} \
 		$(VENV)/bin/pip install -q --no-build-isolation -e .
+	$(VENV)/bin/python -c "import lantern; print(lantern.build_info())"
 	touch $@
 
 test: install
