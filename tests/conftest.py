@@ -52,16 +52,18 @@ FUSED_BACKENDS = ("cpu", "cuda", "triton")
 
 
 def _kernel_test_backend(item):
-    """The fused backend a test runs on (its ``backend`` parameter), None for any other test."""
+    """The fused backend a test runs on (its ``backend`` parameter, or the statistical harness's
+    ``verify_backend``), None for any other test."""
     callspec = getattr(item, "callspec", None)
-    backend = callspec.params.get("backend") if callspec is not None else None
+    params = callspec.params if callspec is not None else {}
+    backend = params.get("backend", params.get("verify_backend"))
     return backend if backend in FUSED_BACKENDS else None
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """No vacuous kernel tests: a test run on a fused backend (a ``backend`` parameter of cpu, cuda or
-    triton) fails if a kernel it called had been disabled by its self-check (the reference ran in its place,
+    """No vacuous kernel tests: a test run on a fused backend (a ``backend`` or ``verify_backend`` parameter
+    of cpu, cuda or triton) fails if a kernel it called had been disabled by its self-check (the reference ran in its place,
     so the test compared the reference with itself), or if it ran none of the backend's kernels at all (the
     kernels count their calls: ``lantern._backend.kernel_calls``). A test this cannot apply to says why with
     ``@pytest.mark.no_kernel_check(reason)``: its input is rejected before any kernel runs, or it calls

@@ -19,6 +19,7 @@ EXTENSION = backends.params(["cpu", "cuda"])
 
 
 @pytest.mark.parametrize("backend", EXTENSION, indirect=True)
+@pytest.mark.no_kernel_check("checks the routing only (resolve), runs no op")
 def test_routed_to_the_extension(backend, device):
     assert lantern._backend.resolve("verify", device) is fused_cpu.verify
     with lantern.fused("auto"):
