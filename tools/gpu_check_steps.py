@@ -392,6 +392,10 @@ E2E_METHODS = {
 }
 
 
+E2E_ORDER = (("ar", "graphs"), ("lantern", "graphs"), ("ar", "eager"), ("lantern", "eager"), ("sjd", "eager"),
+             ("sjd", "graphs"))
+
+
 def _small_models(device: torch.device):
     """A 2-layer random GPT (dim 64, V 64, 16 tokens), its EAGLE drafter and a neighbour table: the rehearsal's
     stand-in for the tiny model in the speed runs (torch.compile traces it in seconds)."""
@@ -409,6 +413,24 @@ def _small_models(device: torch.device):
     return gpt.to(device).eval(), drafter.to(device).eval(), table.to(device), sampling
 
 
+def _time_generate(r: Results, ctx: Context, B: int, key: str, generate: Callable, repeats: int):
+    """Median seconds of ``generate(seed)`` over ``repeats`` calls after a first call (which compiles the
+    graphs) and the last call's stats; recorded under ``B=<B>`` / ``key``."""
+    t0 = time.perf_counter()
+    generate(0)
+    ctx.sync()
+    r.put(round(time.perf_counter() - t0, 2), "first_call_s", f"B={B}", key)
+    runs, stats = [], None
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        _, stats = generate(1 + i)
+        ctx.sync()
+        runs.append(time.perf_counter() - t0)
+    seconds = statistics.median(runs)
+    r.put(round(seconds, 4), "seconds", f"B={B}", key)
+    return seconds, stats
+
+
 def _e2e_speed(r: Results, ctx: Context) -> None:
     import lantern
 
@@ -423,39 +445,26 @@ def _e2e_speed(r: Results, ctx: Context) -> None:
     for B in batches:
         labels = (torch.arange(B) % gpt.config.num_classes).to(ctx.device)
         times, taus = {}, {}
-        for mode in ("eager", "graphs"):
-            for name, options in E2E_METHODS.items():
-                key = f"{name} {mode}"
-                extra = dict(drafter=drafter, neighbours=table, k=min(options.get("k", 0), table.shape[1])) \
-                    if name == "lantern" else {}
-                if mode == "graphs":
-                    extra["compile"] = compile_opt
-                if not r.has_time(f"B={B} {key}", 20.0 if mode == "graphs" else 5.0):
-                    continue
-                with r.case(f"e2e B={B} {key}"):
-                    def call(seed=0):
-                        out = lantern.generate(gpt, labels, **{**options, **extra}, **sampling, seed=seed)
-                        ctx.sync()
-                        return out
-
-                    t0 = time.perf_counter()
-                    call()  # compiles (graphs) / warms up
-                    r.put(round(time.perf_counter() - t0, 2), "first_call_s", f"B={B}", key)
-                    runs = []
-                    for i in range(repeats):
-                        t0 = time.perf_counter()
-                        _, stats = call(seed=1 + i)
-                        runs.append(time.perf_counter() - t0)
-                    times[key] = statistics.median(runs)
-                    if stats is not None:
-                        taus[key] = round(stats.emitted / max(stats.row_steps, 1), 3)
-                    r.put(round(times[key], 4), "seconds", f"B={B}", key)
-                    r.check(f"e2e B={B} {key} ran", True)
-        if taus:
-            r.put(taus, "tau", f"B={B}")
-        base = times.get("ar graphs")
-        if base:
-            r.put({k: round(base / t, 3) for k, t in times.items()}, "speedups", f"B={B}")
+        for name, mode in E2E_ORDER:
+            key = f"{name} {mode}"
+            options = dict(E2E_METHODS[name])
+            if name == "lantern":
+                options.update(drafter=drafter, neighbours=table, k=min(options["k"], table.shape[1]))
+            if mode == "graphs":
+                options["compile"] = compile_opt
+            if not r.has_time(f"B={B} {key}", 20.0 if mode == "graphs" else 5.0):
+                continue
+            with r.case(f"e2e B={B} {key}"):
+                times[key], stats = _time_generate(
+                    r, ctx, B, key, lambda seed: lantern.generate(gpt, labels, **options, **sampling, seed=seed),
+                    repeats)
+                if stats is not None:
+                    taus[key] = round(stats.emitted / max(stats.row_steps, 1), 3)
+                    r.put(taus, "tau", f"B={B}")
+                r.check(f"e2e B={B} {key} ran", True)
+            base = times.get("ar graphs")
+            if base:
+                r.put({k: round(base / t, 3) for k, t in times.items()}, "speedups", f"B={B}")
 
 
 def step_e2e(r: Results, ctx: Context) -> None:
