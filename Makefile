@@ -3,10 +3,12 @@
 # It is cheap the second time: a stamp file remembers the last install, redone when setup.py, pyproject.toml,
 # requirements.txt or a csrc/ file changes, or when the built extension is missing.
 # gpu-check (on a machine with a CUDA GPU) uses that machine's own $(PYTHON), torch, triton and CUDA toolkit, not
-# .venv and no network: it builds lantern in place (pip install --no-build-isolation --no-deps -e .), runs the
-# CUDA build checks, pytest -m gpu, python -m bench and compute-sanitizer (memcheck, racecheck) on one call of
-# each CUDA kernel, and writes bench/results/gpu-check/summary.json (tools/gpu_check.py; GPU_CHECK_ARGS passes
-# options, e.g. --quick-bench). It exits non-zero if any step failed, and at once without a GPU.
+# .venv and no network: in one budgeted run (--budget, default 480 s) it builds lantern in place (pip install
+# --no-build-isolation --no-deps -e .), self-checks the kernels on the GPU, compares every CUDA and Triton op with
+# the CPU kernels, times the tiny model end to end and LlamaGen-shaped forwards, microbenchmarks the ops, runs
+# compute-sanitizer memcheck and one lantern sample under nccl, and writes summary.json + logs.tar.gz to
+# bench/results/gpu-check (tools/gpu_check.py; GPU_CHECK_ARGS passes options: --budget, --out, --skip,
+# --rehearse runs it on the CPU). It exits non-zero if any step failed, and at once without a GPU.
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.lantern-installed
@@ -27,6 +29,7 @@ $(STAMP): $(VENV)/bin/python requirements.txt setup.py pyproject.toml $(CSRC)
 	$(VENV)/bin/pip install -q -r requirements.txt
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=$${MAX_JOBS:-2} \
 		$(VENV)/bin/pip install -q --no-build-isolation -e .
+	$(VENV)/bin/python -c "import lantern; print(lantern.build_info())"
 	touch $@
 
 test: install

@@ -3,9 +3,12 @@
 lantern._C always holds the CPU kernels (csrc/ops.cpp + csrc/cpu/*.cpp). The CUDA kernels (csrc/cuda/*.cu,
 compiled with -DLANTERN_WITH_CUDA) are added when a CUDA toolkit is found (CUDA_HOME, else /usr/local/cuda),
 torch is a CUDA build and LANTERN_NO_CUDA is not "1". TORCH_CUDA_ARCH_LIST defaults to "8.0;9.0".
-Install: ``pip install --no-build-isolation -e .`` (MAX_JOBS bounds the parallel compile jobs).
+Install: ``pip install --no-build-isolation -e .`` (MAX_JOBS bounds the parallel compile jobs). The build
+records one line, with or without CUDA kernels and for which architectures, that ``lantern.build_info()``
+returns (pip shows the build's own output only with -v). MANIFEST.in puts every source in the sdist.
 """
 import glob
+import json
 import os
 import shlex
 import sys
@@ -16,7 +19,11 @@ if os.path.isdir("/usr/local/cuda"):
     os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")  # read by torch.utils.cpp_extension on import
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
 
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+except ImportError:
+    sys.exit("lantern: setup.py needs torch, and lantern._C must be built against the torch it will run with: "
+             "install torch first, then build without isolation: pip install --no-build-isolation <lantern>")
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -36,25 +43,59 @@ def _with_cuda():
     return True, f"CUDA toolkit at {CUDA_HOME}, TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}"
 
 
+def _arch_names(arch_list):
+    """TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX") -> "sm_80, sm_90 (+PTX)"."""
+    archs = [a for a in arch_list.replace(",", ";").replace(" ", ";").split(";") if a]
+    names = ["sm_" + a.replace("+PTX", "").replace(".", "") for a in archs]
+    return ", ".join(names) + (" (+PTX)" if any("+PTX" in a for a in archs) else "")
+
+
+def build_info(with_cuda, why):
+    """The one line lantern.build_info() reports: with or without CUDA kernels, for which architectures."""
+    if with_cuda:
+        return (f"lantern._C with CUDA kernels for {_arch_names(os.environ['TORCH_CUDA_ARCH_LIST'])} "
+                f"(nvcc of {CUDA_HOME}, torch {torch.__version__})")
+    return f"lantern._C without CUDA kernels: {why} (torch {torch.__version__})"
+
+
+GENERATED = os.path.join(ROOT, "build", "generated")  # lantern_build_info.h, written by BuildExt
+
+
+def _write_build_info(line):
+    """build/generated/lantern_build_info.h, rewritten only when the line changes (ninja then rebuilds ops.cpp
+    alone)."""
+    path = os.path.join(GENERATED, "lantern_build_info.h")
+    text = f"#pragma once\n#define LANTERN_BUILD_INFO {json.dumps(line)}\n"
+    if os.path.exists(path) and open(path).read() == text:
+        return
+    os.makedirs(GENERATED, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def extension():
     with_cuda, why = _with_cuda()
-    print(f"lantern: building lantern._C {'with' if with_cuda else 'without'} CUDA kernels ({why})")
     # torch 2.14's headers require C++20, which torch.utils.cpp_extension passes by default; the torch-free
     # headers under csrc/include/lantern stay C++17 so standalone tests can use them.
+    info = build_info(with_cuda, why)
     kwargs = dict(
         name="lantern._C",
         sources=_sources("csrc/ops.cpp") + _sources("csrc/cpu/*.cpp"),
-        include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "csrc", "include")],
+        include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "csrc", "include"), GENERATED],
         # -ffp-contract=off: no fused multiply-adds, so the CPU kernels round like the reference (g++ contracts
         # a * b + c by default wherever FMA is available, e.g. in target_clones variants).
         extra_compile_args={"cxx": ["-O3", "-ffp-contract=off"], "nvcc": ["-O3", "-lineinfo"]},
     )
     if not with_cuda:
-        return CppExtension(**kwargs)
-    kwargs["sources"] += _sources("csrc/cuda/*.cu")
-    kwargs["define_macros"] = [("LANTERN_WITH_CUDA", "1")]
-    _keep_ptxas_reports()
-    return CUDAExtension(**kwargs)
+        ext = CppExtension(**kwargs)
+    else:
+        kwargs["sources"] += _sources("csrc/cuda/*.cu")
+        kwargs["define_macros"] = [("LANTERN_WITH_CUDA", "1")]
+        _keep_ptxas_reports()
+        ext = CUDAExtension(**kwargs)
+    ext.lantern_build_info = info
+    return ext
 
 
 def _keep_ptxas_reports():
@@ -73,6 +114,16 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
     def finalize_options(self):
         super().finalize_options()
         self.build_temp = os.path.join(ROOT, "build", "temp")
+
+    def run(self):
+        for ext in self.extensions:
+            info = getattr(ext, "lantern_build_info", None)
+            if info is not None:
+                _write_build_info(info)
+                # pip shows a build's output only with -v: lantern.build_info() keeps the line (make install
+                # prints it)
+                print(f"lantern: building {info}", file=sys.stderr, flush=True)
+        super().run()
 
 
 packages = find_packages("python", include=["lantern", "lantern.*"])

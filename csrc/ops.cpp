@@ -3,6 +3,10 @@
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
+#include <string>
+
+#include "lantern_build_info.h"  // LANTERN_BUILD_INFO, written by setup.py into build/generated
+
 TORCH_LIBRARY(lantern, m) {
   // SPEC §6. cache [..., B, Hkv, Lmax, Dh] (any float dtype, contiguous) is modified in place: for
   // i < n_keep[b], position cache_len[b] + i <- cache_len[b] + path_nodes[b, i], every source read before
@@ -55,4 +59,6 @@ static bool cuda_compiled() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "lantern's C++/CUDA kernels, registered as torch.ops.lantern.*";
   m.def("cuda_compiled", &cuda_compiled, "Whether this build contains the CUDA kernels (csrc/cuda).");
+  m.def("build_info", []() { return std::string(LANTERN_BUILD_INFO); },
+        "One line written by setup.py at build time: with or without CUDA kernels, for which architectures.");
 }

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
+from lantern import _backend
 from lantern.ops import checks, library
 
-from ._common import interpreting, next_power_of_2
+from ._common import interpreting, launcher, next_power_of_2
 
 TILE_ELEMENTS = 8192  # BLOCK_P * BLOCK_D: the register tile of one load/store round
 
@@ -49,6 +49,7 @@ def _launch(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tens
             n_keep: torch.Tensor) -> torch.Tensor:
     """cache [..., B, Hkv, Lmax, Dh] contiguous (modified in place), cache_len [B] int64, path_nodes [B, P]
     int64 (any strides), n_keep [B] int64 -> new lengths [B] (checks already ran)."""
+    _backend.count_kernel("triton", "compact_kv")
     # programs read cache_len, n_keep and path_nodes while others write the cache: they must not share memory
     checks.not_overlapping("cache", cache, cache_len=cache_len, path_nodes=path_nodes, n_keep=n_keep)
     B, Hkv, Lmax, Dh = cache.shape[-4:]
@@ -59,7 +60,7 @@ def _launch(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tens
     block_p = next_power_of_2(P)
     block_d = max(1, min(next_power_of_2(Dh), TILE_ELEMENTS // block_p))
     n_slabs = cache.numel() // (Lmax * Dh)
-    wrap_triton(_compact_kv_kernel)[(n_slabs,)](cache, cache_len, path_nodes, n_keep, new_len, B, Hkv, Lmax, Dh,
+    launcher(_compact_kv_kernel)[(n_slabs,)](cache, cache_len, path_nodes, n_keep, new_len, B, Hkv, Lmax, Dh,
                                                 path_nodes.stride(0), path_nodes.stride(1), BLOCK_P=block_p,
                                                 BLOCK_D=block_d)
     return new_len

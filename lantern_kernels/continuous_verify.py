@@ -11,17 +11,19 @@ kernel's up to the rounding of those functions and of the channel sum's order.
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
+from lantern import _backend
 from lantern.ops import library
 from lantern.ops.reference.continuous_verify import ContinuousVerifyResult
 from lantern.ops.reference.noise import HALF_BIT, PURPOSE_ACCEPT, PURPOSE_RESIDUAL
 
-from ._common import interpreting, next_power_of_2
+from ._common import interpreting, launcher, next_power_of_2
 from ._jit import _cos, _device, _div, _expm1, _log, _log1p, _max, _sqrt, _sum, _uniform
 
 ACCEPT_C0: tl.constexpr = tl.constexpr(PURPOSE_ACCEPT << 24)
@@ -106,9 +108,13 @@ def _continuous_verify_kernel(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, log
     tl.store(tries + m, n_tries, mask=m_ok)
 
 
-def _launch(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions, rule, bandwidth, sigma_ratio,
-            max_tries, seed, offset):
-    """The op's kernel, with the schema's arguments (checks already ran)."""
+def _launch(draft: torch.Tensor, mu_p: torch.Tensor, sigma_p: torch.Tensor, mu_q: torch.Tensor,
+            sigma_q: torch.Tensor, logsig_p: torch.Tensor, logsig_q: torch.Tensor, rows: torch.Tensor,
+            positions: torch.Tensor, rule: str, bandwidth: float, sigma_ratio: str, max_tries: int,
+            seed: torch.Tensor, offset: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op's kernel, with the schema's arguments (checks already ran). The annotations spell the op's
+    schema (``library.SCHEMAS``): torch versions whose triton_op ignores ``schema=`` infer it from them."""
+    _backend.count_kernel("triton", "continuous_verify")
     B, N, C = draft.shape
     dev = draft.device
     tokens = torch.empty(B, N, C, dtype=torch.float32, device=dev)
@@ -122,7 +128,7 @@ def _launch(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, posit
     block_m = next_power_of_2(M) if interpreting() else max(1, min(64, TILE_ELEMENTS // block_c))
     args = [t.contiguous() for t in (draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions)]
     grid = (triton.cdiv(M, block_m),)
-    kernel = wrap_triton(_continuous_verify_kernel)[grid]
+    kernel = launcher(_continuous_verify_kernel)[grid]
     flags = dict(PAPER=rule == "paper", CODE_RATIO=sigma_ratio == "code", BLOCK_M=block_m, BLOCK_C=block_c)
     call = (*args, seed, offset, tokens, accepted.view(torch.int8), tries, M, N, C,
             float(bandwidth) if rule == "paper" else 1.0, int(max_tries))

@@ -28,12 +28,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
+from lantern import _backend
 from lantern.ops import library
 from lantern.ops.reference.latent_neighbours import codebook_float32
 
-from ._common import configs, interpreting, next_power_of_2
+from ._common import configs, interpreting, launcher, next_power_of_2
 
 RADIX_BITS = 4  # bits of D* fixed per pass: 16 thresholds counted at once
 N_PASSES = 32 // RADIX_BITS
@@ -156,6 +156,7 @@ def _neighbours_kernel(codes, codes_t, out, V, K, D: tl.constexpr, KP: tl.conste
 
 def _launch(codebook: torch.Tensor, K: int, normalize: bool) -> torch.Tensor:
     """codebook [V, d] float -> int32 [V, K], equal to the reference's table (checks already ran)."""
+    _backend.count_kernel("triton", "latent_neighbours")
     codes = codebook_float32(codebook, normalize).contiguous()  # [V, d] float32
     codes_t = codes.t().contiguous()  # [d, V]: a column tile's coordinate j is contiguous
     V, d = codes.shape
@@ -166,7 +167,7 @@ def _launch(codebook: torch.Tensor, K: int, normalize: bool) -> torch.Tensor:
     order_rows, budget = (64, 1 << 18) if interpreting() else (max(1, min(16, 1024 // KP)), 1 << 14)
     chunk = max(1, min(KP, budget // (order_rows * KP)))
     grid = lambda meta: (triton.cdiv(V, meta["BLOCK_R"]),)  # noqa: E731
-    wrap_triton(_neighbours_kernel)[grid](codes, codes_t, out, V, K, D=d, KP=KP, ORDER_ROWS=order_rows, CHUNK=chunk,
+    launcher(_neighbours_kernel)[grid](codes, codes_t, out, V, K, D=d, KP=KP, ORDER_ROWS=order_rows, CHUNK=chunk,
                                           RADIX=RADIX_BITS, PASSES=N_PASSES, enable_fp_fusion=False)
     return out
 

@@ -28,11 +28,11 @@ import math
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
+from lantern import _backend
 from lantern.ops import library
 
-from ._common import configs, interpreting, next_power_of_2
+from ._common import configs, interpreting, launcher, next_power_of_2
 
 LOG2_E = 1.4426950408889634
 
@@ -157,6 +157,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache
             tree_mask: torch.Tensor) -> torch.Tensor:
     """q [B, H, T, Dh], k_cache/v_cache [B, Hkv, Lmax, Dh] (any strides, last one 1), cache_len [B] int64,
     tree_mask [B, T, ceil(T/32)] int32 -> o [B, H, T, Dh] contiguous, q's dtype (checks already ran)."""
+    _backend.count_kernel("triton", "tree_attention")
     B, H, T, Dh = q.shape
     Hkv = k_cache.shape[1]
     group = H // Hkv
@@ -164,7 +165,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache
     o = torch.empty(B, H, T, Dh, dtype=q.dtype, device=q.device)
     qk_scale = LOG2_E / math.sqrt(Dh)
     grid = lambda meta: (triton.cdiv(group * T, meta["BLOCK_M"]), B * Hkv)  # noqa: E731
-    wrap_triton(_tree_attention_kernel)[grid](
+    launcher(_tree_attention_kernel)[grid](
         q, k_cache, v_cache, o, cache_len, mask,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), mask.stride(0), mask.stride(1),

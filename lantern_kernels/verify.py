@@ -23,16 +23,18 @@ to ``lantern.ops.reference.philox``.
 from __future__ import annotations
 
 import os
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
+from lantern import _backend
 from lantern.ops import library
 from lantern.ops.reference.verify import VerifyResult
 
+from ._common import configs, launcher
 from ._jit import (_argmax, _argmin, _cumsum, _device, _exp, _exponential_key, _interpreting, _max, _min,  # noqa: F401
                    _sum, _uniform)
 
@@ -538,13 +540,14 @@ def _verify_kernel(logits, uncond, draft, tokens, parents, nbrs, cfg_scale, temp
 # ---- launch ----------------------------------------------------------------------------------------------
 
 GPU_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w) for bv in (1024, 2048) for w in (4, 8)]
-_autotuned = triton.autotune(GPU_CONFIGS, key=["V", "HAS_UNCOND", "SAMPLED"])(_verify_kernel)
+_autotuned = triton.autotune(configs(GPU_CONFIGS, GPU_CONFIGS[0]), key=["V", "HAS_UNCOND", "SAMPLED"])(_verify_kernel)
 
 
 def _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs, k,
          delta, lam, node_budget, seed, offset, rows, radix_bits: int):
     """One launch for the batch, with the schema's arguments (settings [B], seed / offset 0-d int64, rows
     int64 [B] or None)."""
+    _backend.count_kernel("triton", "verify")
     B, T, V = logits.shape
     dev = logits.device
     logits = logits.contiguous()
@@ -572,15 +575,19 @@ def _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperat
                  BLOCK_T=triton.next_power_of_2(T), BITS=radix_bits)
     if _interpreting():  # one config: the interpreter runs every program in Python
         with np.errstate(divide="ignore", invalid="ignore"):  # tl.where evaluates both sides (e / 0 masked)
-            wrap_triton(_verify_kernel)[(B,)](*args, **flags, BLOCK_V=min(triton.next_power_of_2(V), 1024))
+            _verify_kernel[(B,)](*args, **flags, BLOCK_V=min(triton.next_power_of_2(V), 1024))
     else:  # no FMA contraction: guidance and the node budget round as the reference's separate ops
-        wrap_triton(_autotuned)[(B,)](*args, **flags, enable_fp_fusion=False)
+        launcher(_autotuned)[(B,)](*args, **flags, enable_fp_fusion=False)
     return accept_len, path, next_token, status
 
 
-def _launch(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs,
-            k, delta, lam, node_budget, seed, offset, rows=None):
-    """The op's kernel: ``_run`` with this device's radix digit width."""
+def _launch(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, neighbours: Optional[torch.Tensor],
+            uncond_logits: Optional[torch.Tensor], cfg_scale: torch.Tensor, temperature: torch.Tensor,
+            top_k: torch.Tensor, top_p: torch.Tensor, draft_probs: Optional[torch.Tensor], k: int, delta: float,
+            lam: Optional[float], node_budget: bool, seed: torch.Tensor, offset: torch.Tensor,
+            rows: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op's kernel: ``_run`` with this device's radix digit width. The annotations spell the op's schema
+    (``library.SCHEMAS``): torch versions whose triton_op ignores ``schema=`` infer it from them."""
     return _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
                 draft_probs, k, delta, lam, node_budget, seed, offset, rows, RADIX_BITS)
 

@@ -3,6 +3,8 @@
 import os
 import sys
 
+import pytest
+
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
@@ -42,5 +44,53 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # not item.keywords: that also holds folder names
             item.add_marker(skip)
+
+
+FUSED_BACKENDS = ("cpu", "cuda", "triton")
+
+
+def _kernel_test_backend(item):
+    """The fused backend a test runs on (its ``backend`` parameter, or the statistical harness's
+    ``verify_backend``), None for any other test."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    backend = params.get("backend", params.get("verify_backend"))
+    return backend if backend in FUSED_BACKENDS else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """No vacuous kernel tests: a test run on a fused backend (a ``backend`` or ``verify_backend`` parameter
+    of cpu, cuda or triton) fails if a kernel it called had been disabled by its self-check (the reference ran in its place,
+    so the test compared the reference with itself), or if it ran none of the backend's kernels at all (the
+    kernels count their calls: ``lantern._backend.kernel_calls``). A test this cannot apply to says why with
+    ``@pytest.mark.no_kernel_check(reason)``: its input is rejected before any kernel runs, or it calls
+    torch.ops.lantern.* itself (opcheck, a compiled graph), which nothing could reroute and the counters do
+    not see."""
+    backend = _kernel_test_backend(item)
+    exempt = item.get_closest_marker("no_kernel_check")
+    if backend is None or exempt is not None:
+        if exempt is not None and not exempt.args:
+            raise AssertionError("no_kernel_check needs a reason")
+        return (yield)
+    from lantern import _backend
+
+    before = _backend.kernel_calls()
+    result = yield
+    after = _backend.kernel_calls()
+
+    def grown(kind):
+        return sorted(op for (name, op), n in after[kind].items()
+                      if name == backend and n > before[kind].get((name, op), 0))
+
+    disabled = grown("disabled")
+    if disabled:
+        report = {key: why for key, why in _backend.self_check_report().items() if key[0] == backend and why}
+        raise AssertionError(f"the self-check disabled the {backend} kernel of {', '.join(disabled)}, so this test ran "
+                             f"the reference in its place: {report}")
+    if not grown("ran"):
+        raise AssertionError(f"this test ran no {backend} kernel (if that is its point, mark it no_kernel_check with "
+                             f"the reason)")
+    return result

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import re
 import textwrap
 
 import pytest
@@ -19,7 +20,7 @@ from lantern.decoding.planner import Plan
 from lantern.decoding.spec import Sampling, SpecConfig, _Loop
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter
-from lantern.ops import library, self_check
+from lantern.ops import fused_triton, library, self_check
 from lantern.ops.reference.tree import ancestor_mask
 
 CPU = torch.device("cpu")
@@ -56,6 +57,56 @@ def test_schemas_are_lantern_C_schemas():
     for name, schema in library.SCHEMAS.items():
         assert str(getattr(torch.ops.lantern, name).default._schema) == f"lantern::{name}{schema}"
         assert str(getattr(torch.ops.lantern_reference, name).default._schema) == f"lantern_reference::{name}{schema}"
+
+
+def same_schema(name: str, a: str, b: str) -> bool:
+    """Whether two schema strings of op ``name`` declare the same operator, as torch compares schemas (which
+    counts SymInt as int: triton_op infers SymInt from an ``int`` annotation); alias sets may be named
+    differently (infer_schema names them a0, a1, ...)."""
+    def parse(schema):
+        return torch._C.parse_schema(name + re.sub(r"\(\w+!\)", "(a!)", schema))
+    return parse(a) == parse(b)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+@pytest.mark.parametrize("name", fused_triton.TRITON_OPS)
+def test_triton_launchers_annotations_give_the_declared_schema(name):
+    """torch releases before 2.14 ignore triton_op's ``schema=`` and infer the schema from the launcher's
+    annotations, so the annotations must spell the declared schema."""
+    module = importlib.import_module(f"lantern_kernels.{name}")
+    inferred = torch.library.infer_schema(module._launch, mutates_args=library.MUTATES.get(name, ()))
+    assert same_schema(name, inferred, library.SCHEMAS[name]), (inferred, library.SCHEMAS[name])
+
+
+def test_same_schema_tells_different_schemas_apart():
+    assert same_schema("f", "(Tensor(a0!) x, SymInt k) -> Tensor", "(Tensor(a!) x, int k) -> Tensor")
+    assert not same_schema("f", "(Tensor(a!) x, int k) -> Tensor", "(Tensor x, int k) -> Tensor")
+    assert not same_schema("f", "(Tensor x, float k) -> Tensor", "(Tensor x, int k) -> Tensor")
+    assert not same_schema("f", "(Tensor x, Tensor? y=None) -> Tensor", "(Tensor x, Tensor? y) -> Tensor")
+
+
+TRITON_SCHEMA_SCRIPT = textwrap.dedent('''
+    import importlib, json
+    import torch
+    from lantern.ops import fused_triton
+    for name in fused_triton.TRITON_OPS:
+        importlib.import_module(f"lantern_kernels.{name}")
+    print(json.dumps({name: str(getattr(torch.ops.lantern_triton, name).default._schema)
+                      for name in fused_triton.TRITON_OPS}))
+''')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_triton_ops_on_a_gpu_have_the_declared_schemas():
+    """Imported as on a GPU (no interpreter: each op a triton_op; in a subprocess, no GPU needed), every
+    lantern_triton op registers with its declared schema, whatever this torch does with ``schema=``."""
+    from triton_compile import run_compile_script
+
+    schemas = json.loads(run_compile_script(TRITON_SCHEMA_SCRIPT, timeout=300).strip().splitlines()[-1])
+    assert set(schemas) == set(fused_triton.TRITON_OPS)
+    for name, schema in schemas.items():
+        prefix = f"lantern_triton::{name}"
+        assert schema.startswith(prefix) and same_schema(name, schema[len(prefix):], library.SCHEMAS[name]), schema
 
 
 def op_samples():
@@ -116,7 +167,7 @@ TRITON_OP_SCRIPT = textwrap.dedent('''
     from torch.fx.experimental.proxy_tensor import make_fx
     import lantern_kernels.compact_kv, lantern_kernels.latent_neighbours, lantern_kernels.tree_attention
     import lantern_kernels.verify
-    from lantern.ops import library, self_check
+    from lantern.ops import fused_triton, library, self_check
 
     logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)  # no driver here
     cpu = torch.device("cpu")
@@ -350,6 +401,7 @@ def test_cached_tree_forward_compiles_with_inductor():
 # ---- argument checks while tracing -------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.no_kernel_check("eager: bad input rejected; traced: the compiled graph calls the op itself")
 def test_value_scans_run_eagerly_and_are_left_out_of_traced_code(backend):
     enable(backend)
     q, k, v, cache_len, mask = self_check.attention_case(CPU)
@@ -361,6 +413,7 @@ def test_value_scans_run_eagerly_and_are_left_out_of_traced_code(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.no_kernel_check("bad input: rejected before any kernel runs")
 def test_shape_and_dtype_checks_still_run_while_tracing(backend):
     enable(backend)
     q, k, v, cache_len, mask = self_check.attention_case(CPU)

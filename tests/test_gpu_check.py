@@ -1,6 +1,6 @@
-"""The parts of `make gpu-check` (tools/gpu_check.py) and its compute-sanitizer driver
-(tools/sanitize_cuda_ops.py) that run without a GPU: the step runner, the figures read from pytest / bench /
-compute-sanitizer output, the summary, the no-GPU exit, and the driver's cases (run here on the CPU backend)."""
+"""`make gpu-check` (tools/gpu_check.py, tools/gpu_check_steps.py) and its compute-sanitizer driver
+(tools/sanitize_cuda_ops.py) without a GPU: the budget, the step runner and its verdicts, the output files,
+the targets, the no-GPU exit, the driver's cases, and the whole script rehearsed on the CPU."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -18,68 +19,92 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from tools import gpu_check, sanitize_cuda_ops  # noqa: E402
 
-
-def test_run_step_records_status_time_and_log(tmp_path):
-    ok = gpu_check.run_step("ok", [sys.executable, "-c", "print('hello')"], str(tmp_path), 60)
-    assert ok["status"] == "passed" and ok["returncode"] == 0 and ok["wall_s"] >= 0
-    assert open(ok["log"]).read() == "hello\n"
-    bad = gpu_check.run_step("bad", [sys.executable, "-c", "import sys; sys.exit(3)"], str(tmp_path), 60)
-    assert bad["status"] == "failed" and bad["returncode"] == 3 and bad["reason"] == "exit status 3"
-    slow = gpu_check.run_step("slow", [sys.executable, "-c", "import time; time.sleep(30)"], str(tmp_path), 0.5)
-    assert slow["status"] == "failed" and "timed out" in slow["reason"] and slow["wall_s"] < 20
-    missing = gpu_check.run_step("missing", [str(tmp_path / "no-such-tool")], str(tmp_path), 60)
-    assert missing["status"] == "failed" and "could not run" in missing["reason"]
-    env = gpu_check.run_step("env", [sys.executable, "-c", "import os; print(os.environ['GC_X'])"], str(tmp_path),
-                             60, dict(GC_X="42"))
-    assert open(env["log"]).read() == "42\n"
+FAKE_GPU = dict(python="3", executable=sys.executable, device="Fake GPU", capability="9.0", torch="2.0",
+                torch_cuda="13.0", cuda_available=True, triton="3.0", nvcc=None, driver=None, compute_sanitizer=None)
 
 
-def test_junit_counts(tmp_path):
-    path = tmp_path / "r.xml"
-    path.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="1" failures="2" '
-                    'skipped="3" tests="10" time="1.0"></testsuite></testsuites>')
-    assert gpu_check.junit_counts(str(path)) == dict(tests=10, passed=4, failed=2, errors=1, skipped=3)
+def test_each_step_gets_its_weights_share_of_the_time_left():
+    a, b, c = (gpu_check.Step(n, w, 1.0) for n, w in (("a", 3.0), ("b", 1.0), ("c", 2.0)))
+    assert gpu_check.step_limit(a, [b, c], 120.0) == pytest.approx(60.0)
+    assert gpu_check.step_limit(b, [c], 60.0) == pytest.approx(20.0)  # a ended early: more for the rest
+    assert gpu_check.step_limit(c, [], 40.0) == pytest.approx(40.0)
+    assert gpu_check.step_limit(c, [], -5.0) == 0.0
+    assert [s.name for s in gpu_check.STEPS] == ["build", "selfcheck", "ops", "e2e", "cost_curve", "microbench",
+                                                 "memcheck", "sample"]
 
 
-def test_bench_figures_keep_the_gpu_ratios(tmp_path):
-    rows = [dict(bench="verify", case="B=1 cpu", impl="cpu kernel", median_s=0.1),
-            dict(bench="verify", case="B=1 cpu", ratio="reference/cpu kernel", value=900.0),
-            dict(bench="verify", case="B=1 T=59 V=16384 k=1000 cuda", impl="triton kernel", median_s=1e-4),
-            dict(bench="verify", case="B=1 T=59 V=16384 k=1000 cuda", ratio="reference (cuda)/triton kernel",
-                 value=12.345678)]
-    path = tmp_path / "bench.json"
-    path.write_text(json.dumps(rows))
-    assert gpu_check.bench_figures(str(path)) == dict(timings=2, ratios=2, gpu_ratios=[
-        dict(bench="verify", case="B=1 T=59 V=16384 k=1000 cuda", ratio="reference (cuda)/triton kernel",
-             value=12.3457)])
+def test_run_command_records_exit_time_and_log(tmp_path):
+    log = str(tmp_path / "x.log")
+    ok = gpu_check.run_command("ok", [sys.executable, "-c", "print('hello')"], log, 60)
+    assert ok["returncode"] == 0 and "reason" not in ok and ok["wall_s"] >= 0 and open(log).read() == "hello\n"
+    bad = gpu_check.run_command("bad", [sys.executable, "-c", "import sys; sys.exit(3)"], log, 60)
+    assert bad["returncode"] == 3 and bad["reason"] == "exit status 3"
+    slow = gpu_check.run_command("slow", [sys.executable, "-c", "import time; time.sleep(30)"], log, 1.0)
+    assert slow["returncode"] is None and slow["reason"].startswith("stopped at its time limit") and slow["wall_s"] < 20
+    missing = gpu_check.run_command("missing", [str(tmp_path / "no-such-tool")], log, 60)
+    assert "could not run" in missing["reason"]
+    env = gpu_check.run_command("env", [sys.executable, "-c", "import os; print(os.environ['GC_X'])"],
+                                str(tmp_path / "env.log"), 60, dict(GC_X="42"))
+    assert env["returncode"] == 0 and open(tmp_path / "env.log").read() == "42\n"
 
 
-def test_sanitizer_figures():
-    clean = ("sanitize_cuda_ops: compact_kv ran\nsanitize_cuda_ops: verify ran\nsanitize_cuda_ops: OK (2 ops)\n"
-             "========= ERROR SUMMARY: 0 errors\n")
-    assert gpu_check.sanitizer_figures(clean) == dict(errors=0, ops_ran=["compact_kv", "verify"], driver_ok=True)
-    racy = ("========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warning)\n"
-            "========= ERROR SUMMARY: 2 errors\n")
-    assert gpu_check.sanitizer_figures(racy) == dict(errors=2, hazards=3, race_warnings=1, ops_ran=[],
-                                                     driver_ok=False)
-    assert gpu_check.sanitizer_figures("Segmentation fault\n")["errors"] is None
+def test_first_error_lines_start_at_the_first_error():
+    log = "setting up\ncompiling\nTraceback (most recent call last):\n  File x\nValueError: bad\n" + "more\n" * 20
+    assert gpu_check.first_error_lines(log, n=3) == ["Traceback (most recent call last):", "  File x", "ValueError: bad"]
+    assert gpu_check.first_error_lines("a\nb\nc\n", n=2) == ["b", "c"]  # no error line: the end
 
 
-def test_summary_is_written_whole_and_status_follows_the_steps(tmp_path):
-    path = str(tmp_path / "out" / "summary.json")
-    steps = [dict(name="a", status="passed"), dict(name="b", status="skipped")]
-    gpu_check.write_summary(path, dict(steps=steps))
-    assert json.load(open(path)) == dict(steps=steps) and os.listdir(tmp_path / "out") == ["summary.json"]
-    assert gpu_check.overall_status(steps) == "passed"
-    assert gpu_check.overall_status(steps + [dict(name="c", status="failed")]) == "failed"
+def test_judge_passes_only_a_step_that_passed_a_check_and_failed_none():
+    ok = dict(returncode=0, wall_s=1.0)
+    assert gpu_check.judge("s", ok, dict(passed=3, failed=0, figures=dict(x=1)), "")["status"] == "passed"
+    none = gpu_check.judge("s", ok, dict(passed=0, failed=0), "log line\n")
+    assert none["status"] == "failed" and none["reason"] == "the step passed no check"
+    failed = gpu_check.judge("s", ok, dict(passed=5, failed=1, errors=["verify cuda == cpu: 0.98 of rows"]), "")
+    assert failed["status"] == "failed" and failed["errors"] == ["verify cuda == cpu: 0.98 of rows"]
+    crashed = gpu_check.judge("s", dict(returncode=1, wall_s=1.0, reason="exit status 1"), None,
+                              "start\nRuntimeError: CUDA error: an illegal memory access\nmore")
+    assert crashed["status"] == "failed" and crashed["errors"][0].startswith("RuntimeError: CUDA error")
+    stopped = gpu_check.judge("s", dict(returncode=None, wall_s=9.0, reason="stopped at its time limit (9 s)"),
+                              dict(passed=2, failed=0, figures=dict(partial=True)), "a\nb\nstill timing B=64\n")
+    assert stopped["status"] == "failed" and stopped["figures"] == dict(partial=True)
+    assert stopped["log_tail"][-1] == "still timing B=64"
+    skip = gpu_check.judge("s", ok, dict(passed=0, failed=0, skip="compute-sanitizer not found"), "")
+    assert skip["status"] == "skipped" and skip["reason"] == "compute-sanitizer not found"
 
 
-def test_arch_list_adds_this_gpu(monkeypatch):
+def test_output_files_are_written_whole(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.log").write_text("log a")
+    out = tmp_path / "out"
+    gpu_check.write_summary(str(out / "summary.json"), dict(steps=[]))
+    gpu_check.write_tarball(str(out / "logs.tar.gz"), str(work))
+    assert sorted(os.listdir(out)) == ["logs.tar.gz", "summary.json"]  # no temporary file left behind
+    assert json.load(open(out / "summary.json")) == dict(steps=[])
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert tar.extractfile("gpu-check/a.log").read() == b"log a"
+    assert gpu_check.overall_status([dict(status="passed"), dict(status="skipped")]) == "passed"
+    assert gpu_check.overall_status([dict(status="passed"), dict(status="failed")]) == "failed"
+
+
+def test_targets_read_the_steps_figures():
+    steps = [dict(name="memcheck", figures=dict(errors=0)), dict(name="e2e", figures=dict(
+        greedy=dict(equal=True), speedups={"B=1": {"lantern graphs": 1.2}})),
+        dict(name="cost_curve", figures={"GPT-XL": {"B=1": dict(t16_over_t1=1.1)}})]
+    found = gpu_check.targets(steps)
+    assert found["memcheck errors"]["met"] is True
+    assert found["greedy tokens on the GPU equal the CPU path's"]["met"] is True
+    assert found["LANTERN with CUDA graphs / compiled AR, tiny model, batch 1 (speed-up)"] == dict(
+        value=1.2, limit=1.5, met=False)
+    assert found["GPT-XL shape, batch 1: 16-node tree forward / 1-node forward"]["met"] is True
+    assert found["verify B=1 T=59 V=16384 time / one read of its logits at copy bandwidth"]["met"] is None
+
+
+def test_arch_list_is_this_gpu_unless_set(monkeypatch):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert gpu_check.arch_list("9.0") == "9.0"
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
     assert gpu_check.arch_list("9.0") == "8.0;9.0"
-    assert gpu_check.arch_list("8.9") == "8.0;9.0;8.9"
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "10.0")
-    assert gpu_check.arch_list("9.0") == "10.0"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
@@ -94,6 +119,35 @@ def test_make_gpu_check_without_a_gpu_fails_fast_with_a_clear_message(tmp_path):
     summary = json.load(open(tmp_path / "summary.json"))
     assert summary["status"] == "failed" and [s["name"] for s in summary["steps"]] == ["device"]
     assert summary["environment"]["torch"] == torch.__version__
+    assert sorted(os.listdir(tmp_path)) == ["logs.tar.gz", "summary.json"]
+
+
+def test_a_failed_build_skips_the_steps_that_need_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "environment", lambda: dict(FAKE_GPU))
+    monkeypatch.setattr(gpu_check, "build_step", lambda work_dir, env, limit_s: dict(
+        name="build", status="failed", reason="exit status 1", wall_s=1.0))
+    assert gpu_check.main(["--out", str(tmp_path)]) == 1
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["status"] == "failed" and summary["environment"]["device"] == "Fake GPU"
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [("build", "failed")] + [
+        (name, "skipped") for name in gpu_check.STEP_NAMES[1:]]
+    assert all(s["reason"] == "the build failed" for s in summary["steps"][1:])
+
+
+def test_a_step_without_time_is_skipped_and_the_summary_survives_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "environment", lambda: dict(FAKE_GPU))
+
+    def crash(step, work_dir, limit_s, rehearse):
+        raise RuntimeError("a bug in gpu-check")
+
+    monkeypatch.setattr(gpu_check, "run_step", crash)
+    skip = [arg for name in gpu_check.STEP_NAMES[:-1] for arg in ("--skip", name)]
+    assert gpu_check.main(["--out", str(tmp_path), "--budget", "1000", *skip]) == 1
+    last = json.load(open(tmp_path / "summary.json"))["steps"][-1]
+    assert last["status"] == "failed" and "a bug in gpu-check" in last["reason"]
+    assert gpu_check.main(["--out", str(tmp_path), "--budget", "20", *skip]) == 0  # 10 s left < sample's 20
+    last = json.load(open(tmp_path / "summary.json"))["steps"][-1]
+    assert last["status"] == "skipped" and last["reason"].startswith("no time left")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
@@ -121,26 +175,26 @@ def test_sanitizer_cases_are_valid_calls(op):
             call()
 
 
-FAKE_GPU = dict(python="3", executable=sys.executable, device="Fake GPU", capability="9.0", torch="2.0",
-                torch_cuda="13.0", cuda_available=True, triton="3.0", nvcc=None, driver=None, compute_sanitizer=None)
-
-
-def test_a_failed_build_skips_the_rest_and_fails_the_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_check, "environment", lambda: dict(FAKE_GPU))
-    monkeypatch.setattr(gpu_check, "step_build", lambda out_dir, env, timeout_s: dict(
-        name="build", status="failed", reason="exit status 1", wall_s=1.0))
-    assert gpu_check.main(["--out", str(tmp_path)]) == 1
+@pytest.mark.slow
+def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
+    """`make gpu-check` rehearsed (--rehearse: device cpu, tiny sizes, no build, Triton under the interpreter,
+    gloo): every step but the build passes its checks, within its budget, into two files."""
+    budget = 900
+    run = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--rehearse", "--budget", str(budget), "--out",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=budget + 120)
     summary = json.load(open(tmp_path / "summary.json"))
-    assert summary["status"] == "failed" and summary["environment"]["device"] == "Fake GPU"
-    assert [(s["name"], s["status"]) for s in summary["steps"]] == [("build", "failed")] + [
-        (name, "skipped") for name in gpu_check.STEPS[1:]]
-
-
-def test_missing_compute_sanitizer_is_a_skip_not_a_failure(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_check, "environment", lambda: dict(FAKE_GPU))
-    monkeypatch.setattr(gpu_check, "find_tool", lambda name: None)
-    skip = [arg for name in ("build", "build-checks", "pytest-gpu", "bench") for arg in ("--skip", name)]
-    assert gpu_check.main(["--out", str(tmp_path), *skip]) == 0
-    steps = json.load(open(tmp_path / "summary.json"))["steps"]
-    assert [s["status"] for s in steps] == ["skipped"] * len(gpu_check.STEPS)
-    assert "compute-sanitizer not found" in steps[-1]["reason"]
+    failed = {s["name"]: (s.get("reason"), s.get("errors")) for s in summary["steps"] if s["status"] != "passed"}
+    assert run.returncode == 0, (failed, run.stdout[-3000:], run.stderr[-3000:])
+    assert sorted(os.listdir(tmp_path)) == ["logs.tar.gz", "summary.json"]
+    assert summary["rehearse"] is True and summary["wall_s"] <= budget
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert list(steps) == list(gpu_check.STEP_NAMES)
+    assert steps["build"]["status"] == "skipped"
+    for name in gpu_check.STEP_NAMES[1:]:
+        assert steps[name]["status"] == "passed" and steps[name]["checks"]["passed"] > 0, name
+    assert steps["e2e"]["figures"]["greedy"]["equal"] is True
+    assert "lantern eager" in steps["e2e"]["figures"]["seconds"]["B=1"]
+    assert steps["cost_curve"]["figures"]["GPT-XL"]["B=1"]["T=16"] > 0
+    with tarfile.open(tmp_path / "logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert all(f"gpu-check/{name}.log" in names for name in gpu_check.STEP_NAMES[1:])

@@ -1,6 +1,7 @@
 """One small call of each CUDA kernel of lantern._C, for compute-sanitizer (memcheck, racecheck):
 
     compute-sanitizer --tool memcheck python -m tools.sanitize_cuda_ops
+    python -m tools.sanitize_cuda_ops --rehearse   (the same calls on the CPU backend: no GPU, no sanitizer)
 
 Each call goes through the public op (``lantern.ops``, argument checks included) with the ``cuda`` backend on
 CUDA tensors, the first-use self-check off (LANTERN_SELF_CHECK=0) so that nothing reroutes it. Every csrc/cuda/<op>.cu needs a case here: a file without one, or an op lantern._C has no CUDA
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
 import torch
 
@@ -107,7 +108,28 @@ def missing_cases(ops: List[str]) -> List[str]:
     return [op for op in ops if op not in CASES]
 
 
-def main() -> int:
+def rehearse() -> int:
+    """The same calls on CPU tensors with the cpu backend (no GPU, no sanitizer): the driver's own code runs,
+    for `make gpu-check --rehearse`."""
+    import lantern
+
+    ops = cuda_ops()
+    if missing_cases(ops):
+        print(f"sanitize_cuda_ops: no case for csrc/cuda/{missing_cases(ops)}: add one to CASES", file=sys.stderr)
+        return 1
+    for op in ops:
+        calls = CASES[op](torch.device("cpu"))
+        with lantern.fused("cpu"):
+            for call in calls:
+                call()
+        print(f"sanitize_cuda_ops: {op} ran", flush=True)
+    print(f"sanitize_cuda_ops: OK ({len(ops)} ops)")
+    return 0
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    if list(argv) == ["--rehearse"]:
+        return rehearse()
     if not torch.cuda.is_available():
         print("sanitize_cuda_ops: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
@@ -140,4 +162,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -43,6 +43,12 @@ _self_checks: Dict[Tuple[str, str, str], Optional[str]] = {}
 _self_check_lock = threading.RLock()
 _checking: set = set()
 
+# (backend, op name) -> calls of that backend's kernel ("ran": counted by the kernels' Python callers, whoever
+# calls them; not while torch.compile traces, nor the self-check's own calls), and public op calls that ran the
+# reference instead because the kernel's self-check had disabled it ("disabled"). Tests read them to tell a
+# kernel test that ran its kernel from one that silently compared the reference with itself.
+_kernel_calls: Dict[str, Dict[Tuple[str, str], int]] = {"ran": {}, "disabled": {}}
+
 
 def register(backend: str, op_name: str) -> Callable[[Callable], Callable]:
     """Decorator for the reference definitions (``lantern.ops.reference``): ``fn`` is the reference
@@ -135,8 +141,28 @@ def resolve(op_name: str, device: torch.device) -> Callable:
             f"move the inputs or choose another backend"
         )
     if not _passes_self_check(backend, op_name, device):
+        _count("disabled", backend, op_name)
         return _REGISTRY["reference"][op_name]
     return impl
+
+
+def _count(kind: str, backend: str, op_name: str) -> None:
+    calls = _kernel_calls[kind]
+    calls[(backend, op_name)] = calls.get((backend, op_name), 0) + 1
+
+
+def count_kernel(backend: str, op_name: str) -> None:
+    """Called by each fused kernel's Python caller (``fused_cpu``, the Triton launchers) on every call."""
+    if torch.compiler.is_compiling() or getattr(_state, "self_checking", False):
+        return
+    _count("ran", backend, op_name)
+
+
+def kernel_calls() -> Dict[str, Dict[Tuple[str, str], int]]:
+    """{"ran": {(backend, op): n}, "disabled": {(backend, op): n}}: the calls so far of each backend's kernels
+    (outside the self-checks and torch.compile tracing), and the public op calls that ran the reference
+    because that kernel's self-check had disabled it."""
+    return {kind: dict(calls) for kind, calls in _kernel_calls.items()}
 
 
 def dispatch(op_name: str, device: torch.device) -> Callable:
@@ -195,10 +221,13 @@ def _run_self_check(key: Tuple[str, str, str]) -> Optional[str]:
         if key in _checking:  # reached again from inside its own check
             return None
         _checking.add(key)
+        outer = getattr(_state, "self_checking", False)
+        _state.self_checking = True  # the check's kernel calls are not the caller's
         try:
             mismatch = self_check.check(backend, op_name, torch.device(device_key))
         finally:
             _checking.discard(key)
+            _state.self_checking = outer
         _self_checks[key] = mismatch
     if mismatch is not None:
         warnings.warn(
@@ -212,8 +241,15 @@ def _run_self_check(key: Tuple[str, str, str]) -> Optional[str]:
 
 def self_check_report() -> Dict[Tuple[str, str, str], Optional[str]]:
     """The self-checks run so far: (backend, op, device) -> None (agrees with the reference) or the
-    mismatch that disabled that kernel."""
-    return dict(_self_checks)
+    mismatch that disabled that kernel; a kernel that could not even be loaded is listed with the device
+    "*" (every device) and the reason, e.g. ("triton", "verify", "*") -> "lantern_kernels.verify failed to
+    import (...)"."""
+    report = dict(_self_checks)
+    if _loaded:
+        from .ops import fused_triton
+
+        report.update({("triton", op, "*"): why for op, why in fused_triton.import_failures().items()})
+    return report
 
 
 def run_self_checks(device, backends=("cpu", "cuda", "triton")) -> Dict[Tuple[str, str, str], Optional[str]]:

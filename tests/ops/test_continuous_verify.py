@@ -176,6 +176,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("label,mutate,error,name", BAD, ids=[b[0] for b in BAD])
+@pytest.mark.no_kernel_check("bad input: rejected before any kernel runs")
 def test_bad_input_is_named(backend, device, label, mutate, error, name):
     block = on(device, mutate(continuous_block(3, 2, 4, 3)))
     with pytest.raises(error, match=name):

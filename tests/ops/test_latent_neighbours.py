@@ -230,6 +230,7 @@ def test_checker_accepts_swaps_of_tied_codes():
     (torch.zeros(4, 2), True, False, TypeError, "K"),
     (torch.zeros(4, 2), 2, 1, TypeError, "normalize"),
 ])
+@pytest.mark.no_kernel_check("bad input: rejected before any kernel runs")
 def test_bad_input(backend, device, codebook, K, normalize, exc, name):
     codebook = codebook.to(device) if isinstance(codebook, torch.Tensor) else codebook
     with pytest.raises(exc, match=f"^{name} "):

@@ -25,6 +25,7 @@ def implementation(backend: str, op: str):
 
 
 @pytest.mark.parametrize("backend", backends.params(["cpu", "cuda"]), indirect=True)
+@pytest.mark.no_kernel_check("checks the routing only (resolve), runs no op")
 def test_extension_backends_route_every_op(backend, device):
     """Under the backend and under auto, on the backend's device, every op runs lantern._C's kernel."""
     for name in OPS:
@@ -35,6 +36,7 @@ def test_extension_backends_route_every_op(backend, device):
 
 
 @pytest.mark.parametrize("backend", backends.params(["triton"]), indirect=True)
+@pytest.mark.no_kernel_check("checks the routing only (resolve), runs no op")
 def test_triton_routes_its_kernels(backend, device):
     for name in TRITON_OPS:
         assert _backend.resolve(name, device) is implementation("triton", name), name
@@ -74,3 +76,39 @@ def test_auto_prefers_cuda_then_triton_on_cuda_tensors(monkeypatch):
         assert _backend.resolve("tree_attention", cuda) is reference_attention
         on_cpu = _backend.resolve("latent_neighbours", torch.device("cpu"))  # auto never picks triton for CPU
         assert on_cpu in (_backend._REGISTRY["cpu"].get("latent_neighbours"), reference_neighbours)
+
+
+def test_a_kernel_module_that_fails_to_import_disables_only_the_triton_backend(monkeypatch):
+    """E.g. a torch whose triton_op cannot take a launcher's declaration: one warning names the module and the
+    error, the triton backend is unavailable with that reason (self_check_report lists it for every device),
+    and the other backends load and run."""
+    pytest.importorskip("triton")
+    import importlib
+
+    from lantern.ops import fused_triton
+
+    def import_module(name):
+        if name == "lantern_kernels.verify":
+            raise ValueError("infer_schema(func): Parameter logits must have a type annotation")
+        return importlib.import_module(name)
+
+    _backend._load_backends()
+    monkeypatch.setattr(fused_triton, "importlib", type("Stub", (), {"import_module": staticmethod(import_module)}))
+    monkeypatch.setattr(fused_triton, "_found", None)
+    monkeypatch.setattr(fused_triton, "_failures", {})
+    monkeypatch.setattr(_backend, "_loaded", False)
+    for name in ("cpu", "cuda", "triton"):
+        monkeypatch.setitem(_backend._REGISTRY, name, {})
+    with pytest.warns(RuntimeWarning, match=r"triton backend is disabled: lantern_kernels.verify failed to import "
+                                            r"\(ValueError: infer_schema"):
+        lantern.enable_fused("auto")
+    why = _backend._why_unavailable("triton")
+    assert why.startswith("lantern_kernels.verify failed to import (ValueError: infer_schema(func): Parameter logits")
+    with pytest.raises(RuntimeError, match="backend 'triton' is unavailable: lantern_kernels.verify failed"):
+        lantern.enable_fused("triton")
+    assert lantern.self_check_report()[("triton", "verify", "*")] == why
+    assert _backend._why_unavailable("cpu") == backends.why_unavailable("cpu")  # as before: not affected
+    lantern.disable_fused()
+    codebook = random_codebook(30, 3, seed=12)
+    with lantern.fused("auto"):
+        assert torch.equal(lantern.ops.latent_neighbours(codebook, 4), reference_neighbours(codebook, 4, False))

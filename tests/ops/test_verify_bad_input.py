@@ -84,6 +84,7 @@ BAD_VERIFY = [
 
 
 @pytest.mark.parametrize("override,exc,fragment", BAD_VERIFY, ids=[f"{i}-{e[2]}" for i, e in enumerate(BAD_VERIFY)])
+@pytest.mark.no_kernel_check("bad input: rejected before any kernel runs")
 def test_verify_rejects_bad_input(backend, override, exc, fragment):
     with pytest.raises(exc, match=fragment):
         call_verify(backend, **override)
@@ -131,6 +132,7 @@ def test_verify_rechecks_a_neighbour_table_edited_after_validation(backend, devi
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.no_kernel_check("bad input: rejected before any kernel runs")
 def test_verify_finds_one_bad_logit_among_masked_ones(backend, device, dtype, bad):
     """One NaN or +inf among -inf (masked) and finite logits, in every float dtype, in either input."""
     args, kwargs = to_device(make_args(), device)
@@ -158,6 +160,7 @@ BAD_PROCESS = [
 
 
 @pytest.mark.parametrize("override,exc,fragment", BAD_PROCESS, ids=[f"{i}-{e[2]}" for i, e in enumerate(BAD_PROCESS)])
+@pytest.mark.no_kernel_check("bad input (and process_logits has only the reference)")
 def test_process_logits_rejects_bad_input(backend, device, override, exc, fragment):
     kwargs = dict(logits=torch.tensor([1.0, 2.0]))
     kwargs.update(override)

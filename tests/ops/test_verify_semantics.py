@@ -175,6 +175,7 @@ def test_k0_delta0_and_lambda1_are_all_the_same_walk(verify, sampled):
     assert not torch.equal(verify(*relaxed.tensors(), **relaxed.kwargs(seed=8)).accept_len, results[0].accept_len)
 
 
+@pytest.mark.no_kernel_check("bad input: rejected before any kernel runs")
 def test_lambda_with_node_budget_is_rejected(verify):
     l, tok, par = tree_batch(np.zeros((2, 4)), [0, 1], [-1, 0])
     with pytest.raises(ValueError, match="budget"):

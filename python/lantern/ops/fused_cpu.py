@@ -13,6 +13,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from .. import _backend
 from . import library
 from .library import IntLike
 from .reference.continuous_verify import ContinuousVerifyResult
@@ -34,6 +35,16 @@ def cuda_compiled() -> bool:
     return _C is not None and bool(_C.cuda_compiled())
 
 
+def build_info() -> str:
+    """One line: how lantern._C was built (with or without CUDA kernels, for which architectures), or why it
+    cannot be imported."""
+    if _C is None:
+        return _IMPORT_ERROR
+    if not hasattr(_C, "build_info"):  # built before the build recorded its line
+        return f"lantern._C {'with' if cuda_compiled() else 'without'} CUDA kernels"
+    return _C.build_info()
+
+
 def cpu_unavailable() -> Optional[str]:
     return _IMPORT_ERROR
 
@@ -49,15 +60,23 @@ def cuda_unavailable() -> Optional[str]:
     return None
 
 
+def _count(op: str, tensor) -> None:
+    """One call of lantern._C's ``op`` kernel on ``tensor``'s device, for ``_backend.kernel_calls``."""
+    device = tensor.device.type if isinstance(tensor, torch.Tensor) else "cpu"
+    _backend.count_kernel("cuda" if device == "cuda" else "cpu", op)
+
+
 def compact_kv(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor,
                n_keep: torch.Tensor) -> torch.Tensor:
     """cache [..., B, Hkv, Lmax, Dh] (contiguous, modified in place); cache_len, n_keep int64 [B];
     path_nodes int64 [B, P]. Returns cache_len + n_keep."""
+    _count("compact_kv", cache)
     return torch.ops.lantern.compact_kv(cache, cache_len, path_nodes, n_keep)
 
 
 def philox_uniform(seed: IntLike, c0: IntLike, c1: IntLike, c2: IntLike, c3: IntLike) -> torch.Tensor:
     """float32 uniforms for the broadcast counters; seed an int in [0, 2^64) or a one-element tensor."""
+    _count("philox_uniform", next((c for c in (c0, c1, c2, c3) if isinstance(c, torch.Tensor)), None))
     return torch.ops.lantern.philox_uniform(*library.philox_args(seed, c0, c1, c2, c3))
 
 
@@ -67,6 +86,7 @@ def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_
     """The fused verify (one op call for the batch); see ``lantern.ops.verify``. Like the reference, it
     computes in float64 for float64 logits and in float32 for every other dtype (cfg_scale and temperature
     are converted to that type first)."""
+    _count("verify", logits)
     real = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return VerifyResult(*torch.ops.lantern.verify(*library.verify_args(
         logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs,
@@ -75,17 +95,20 @@ def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_
 
 def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -> torch.Tensor:
     """codebook [V, d] -> int32 [V, K] (tiled distances, running per-row top-K; see the reference)."""
+    _count("latent_neighbours", codebook)
     return torch.ops.lantern.latent_neighbours(codebook, int(K), bool(normalize))
 
 
 def tree_attention(q, k_cache, v_cache, cache_len, tree_mask) -> torch.Tensor:
     """q [B, H, T, Dh], k/v_cache [B, Hkv, Lmax, Dh], cache_len int64 [B], tree_mask int32 [B, T, W]."""
+    _count("tree_attention", q)
     return torch.ops.lantern.tree_attention(q, k_cache, v_cache, cache_len, tree_mask)
 
 
 def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule="exact", bandwidth=1.0,
                       sigma_ratio="paper", max_tries=1000, seed=0, offset=0, *, rows=None, positions=None):
     """The fused continuous_verify (one op call for the block); see ``lantern.ops.continuous_verify``."""
+    _count("continuous_verify", draft)
     return ContinuousVerifyResult(*torch.ops.lantern.continuous_verify(*library.continuous_verify_args(
         draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth, sigma_ratio, max_tries, seed,
         offset, rows, positions)))

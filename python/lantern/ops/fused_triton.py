@@ -3,14 +3,19 @@
 Each module ``lantern_kernels.<op>`` declares the op ``lantern_triton::<op>`` (``library.declare_triton``:
 a ``torch.library.triton_op`` on a GPU) and defines a function ``<op>`` with the public op's signature that
 calls it (after the argument checks in ``lantern.ops`` have run). ``implementations`` lists every one that
-exists. The backend is usable when triton imports and either a CUDA device is present or
-``TRITON_INTERPRET=1`` (Triton's interpreter runs the same kernels on CPU tensors; that is how the tests
-run them without a GPU).
+exists. The backend is usable when triton imports, every kernel module imports, and either a CUDA device is
+present or ``TRITON_INTERPRET=1`` and Triton's interpreter can run the kernels here (it runs the same
+kernels on CPU tensors; that is how the tests run them without a GPU). A kernel module that fails to import
+(e.g. a torch whose ``triton_op`` cannot take its declaration) disables this backend only, with the reason:
+one ``RuntimeWarning``, ``triton_unavailable()``, and ``import_failures()`` (which
+``lantern.self_check_report()`` lists).
 """
 from __future__ import annotations
 
 import importlib
 import os
+import threading
+import warnings
 from typing import Callable, Dict, Optional
 
 import torch
@@ -24,6 +29,10 @@ except ImportError as e:  # triton is optional at run time (no wheel on some pla
 else:
     _IMPORT_ERROR = None
 
+_found: Optional[Dict[str, Callable]] = None  # implementations(), once
+_failures: Dict[str, str] = {}  # op -> why lantern_kernels.<op> did not import
+_lock = threading.Lock()
+
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -32,23 +41,51 @@ def interpreting() -> bool:
 def triton_unavailable() -> Optional[str]:
     if _IMPORT_ERROR is not None:
         return _IMPORT_ERROR
+    implementations()
+    if _failures:
+        return "; ".join(_failures.values())
     if not torch.cuda.is_available() and not interpreting():
         return "no CUDA device is available (set TRITON_INTERPRET=1 to run the kernels on CPU tensors)"
+    if not torch.cuda.is_available():
+        from lantern_kernels._common import interpreter_problem
+
+        return interpreter_problem()
     return None
 
 
+def import_failures() -> Dict[str, str]:
+    """op -> why its kernel module failed to import (empty when every module that exists imported)."""
+    implementations()
+    return dict(_failures)
+
+
 def implementations() -> Dict[str, Callable]:
-    """op name -> ``lantern_kernels.<op>.<op>`` for every kernel module that exists (importing one declares
-    its op)."""
+    """op name -> ``lantern_kernels.<op>.<op>`` for every kernel module that exists and imports (importing one
+    declares its op). A module that exists but fails to import is recorded in ``import_failures()`` and
+    warned about once."""
+    global _found
     if _IMPORT_ERROR is not None:
         return {}
+    with _lock:
+        if _found is None:
+            _found = _import_kernels()
+    return dict(_found)
+
+
+def _import_kernels() -> Dict[str, Callable]:
     found = {}
     for name in TRITON_OPS:
         try:
             module = importlib.import_module(f"lantern_kernels.{name}")
         except ModuleNotFoundError as e:
-            if e.name != f"lantern_kernels.{name}":
-                raise
-            continue  # not written yet: the op runs the reference
-        found[name] = getattr(module, name)
+            if e.name == f"lantern_kernels.{name}":
+                continue  # not written yet: the op runs the reference
+            _failures[name] = f"lantern_kernels.{name} failed to import ({type(e).__name__}: {e})"
+        except Exception as e:  # noqa: BLE001 (any failure disables this backend, never the others)
+            _failures[name] = f"lantern_kernels.{name} failed to import ({type(e).__name__}: {e})"
+        else:
+            found[name] = getattr(module, name)
+    if _failures:
+        warnings.warn(f"lantern: the triton backend is disabled: {'; '.join(_failures.values())}. The other "
+                      f"backends are not affected.", RuntimeWarning, stacklevel=2)
     return found
