@@ -139,6 +139,19 @@ def resolve(op_name: str, device: torch.device) -> Callable:
     return impl
 
 
+def resolved_backends(device) -> Dict[str, str]:
+    """op -> the backend ("reference", "cpu", "cuda" or "triton") whose implementation ``resolve`` picks for
+    inputs on ``device`` under the active backend (self-checks included): what a run's numerics depend on."""
+    device = torch.device(device)
+    _load_backends()
+    chosen = {}
+    for op_name in sorted(_REGISTRY["reference"]):
+        impl = resolve(op_name, device)
+        chosen[op_name] = next((name for name in ("cpu", "cuda", "triton") if _REGISTRY[name].get(op_name) is impl),
+                               "reference")
+    return chosen
+
+
 def dispatch(op_name: str, device: torch.device) -> Callable:
     """What a public op calls: ``resolve``'s choice, except that while torch.compile traces, the reference
     definition is replaced by the opaque ``lantern_reference::<op_name>`` that runs it."""

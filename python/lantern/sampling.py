@@ -4,8 +4,11 @@
 Image ids 0..N-1 are cut into blocks of ``batch`` consecutive ids; block j goes to rank j mod world_size and
 is generated as one batch. Image i has class ``classes[i mod len(classes)]``. Every method keys its random
 numbers by the job's seed and the image id itself (``lantern.generate``'s ``image_ids``), so an image depends
-on the settings, never on the batch size, the world size, the rank, the order the blocks run in, or a
-restart. The batch size stays in config.json as the folder's block layout (shard j holds block j).
+on the settings and the numerics (dtype, fused backend, compile, device and processor, torch, thread count:
+``numerics_of``, pinned by ``--threads``), never on the world size, the rank, the order the blocks run in, or
+a restart; on the batch size only through the last bits the machine's matrix products give a row in batches
+of other shapes (docs/sampling.md "Numerics"). The batch size stays in config.json as the folder's block
+layout (shard j holds block j).
 
 Layout of DIR: config.json (the settings), images/<id>.png, shards/<block>.npz (ids, uint8 images: a
 block's completion mark, written last and atomically), runs/run-<k>.json (one per run: tau, forwards, wall
@@ -29,9 +32,11 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-FORMAT = 2  # of config.json and the folder layout (2: discrete images keyed by image id, not by block)
+FORMAT = 3  # of config.json and the folder layout (2: discrete images keyed by image id; 3: the numerics record)
 CONFIG_FILE, IMAGES, SHARDS, RUNS, NPZ_FILE = "config.json", "images", "shards", "runs", "samples.npz"
 DEFAULT_BATCH = 16
+DEFAULT_THREADS = 1  # what torchrun gives each process: one process and N processes compute alike by default
+MAX_THREADS = 1024
 STOP_AFTER_ENV = "LANTERN_SAMPLE_STOP_AFTER"  # tests: SIGKILL this process after that many of its blocks
 _TMP_PREFIX = ".tmp-"
 _SHARD_NAME = re.compile(r"^(\d+)\.npz$")
@@ -126,6 +131,72 @@ def labels_of(ids: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
     """Class of each image id: classes[id mod len(classes)] -> int64 [len(ids)]."""
     table = torch.tensor(list(classes), dtype=torch.int64)
     return table[ids % len(table)]
+
+
+# ---------------------------------------------------------------------------------------------- numerics
+
+
+def processor_name() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_capability() -> str:
+    """torch's CPU kernel level (torch.backends.cpu.get_cpu_capability(): DEFAULT, AVX2, AVX512, ...) and the
+    instruction sets its math libraries choose other kernels for (bf16 dot products, AMX)."""
+    features = [name for name, probe in (("avx512_bf16", "_is_avx512_bf16_supported"),
+                                         ("amx_tile", "_is_amx_tile_supported"),
+                                         ("amx_fp16", "_is_amx_fp16_supported"))
+                if getattr(torch.cpu, probe, lambda: False)()]
+    return "+".join([torch.backends.cpu.get_cpu_capability(), *features])
+
+
+def numerics_of(args, sampler) -> dict:
+    """What the images depend on besides the settings (config.json "numerics", docs/sampling.md "Numerics"):
+    the model's dtype, the backend of each lantern op (``--fused``), ``--compile``, the device type and
+    processor (GPU name and CUDA version, or CPU model, capability and thread count), torch's and lantern's
+    versions. Every rank computes its own; a rank or a resume with other numerics is refused."""
+    from . import __version__
+    from ._backend import resolved_backends
+
+    device = torch.device(args.device)
+    model = getattr(sampler, "gpt", None) or getattr(sampler, "mar")
+    try:
+        fused = resolved_backends(device)
+    except RuntimeError as e:  # a backend for another device type
+        raise SystemExit(f"--fused {args.fused}: {e}") from e
+    record = dict(dtype=str(next(model.parameters()).dtype).replace("torch.", ""), fused=fused,
+                  compile=bool(args.compile), device=device.type, torch=torch.__version__, lantern=__version__)
+    if device.type == "cuda":
+        record.update(processor=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
+    else:
+        record.update(processor=processor_name(), cpu_capability=cpu_capability(), threads=torch.get_num_threads())
+    return record
+
+
+def check_threads(threads) -> int:
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise SystemExit(f"--threads must be an integer in [1, {MAX_THREADS}], got {threads!r}")
+    return threads
+
+
+def _check_rank_numerics(numerics: list) -> None:
+    """Rank 0: SystemExit naming each rank whose numerics differ from rank 0's, and how."""
+    lines = [f"rank {rank}: {'; '.join(_differences(numerics[0], theirs, 'rank 0', f'rank {rank}'))}"
+             for rank, theirs in enumerate(numerics) if theirs != numerics[0]]
+    if lines:
+        raise SystemExit("the ranks would compute the images with other numerics (docs/sampling.md \"Numerics\"): "
+                         + " | ".join(lines) + ". Run every rank with the same --dtype, --fused, --compile and "
+                         "--threads on machines of one kind")
 
 
 # ---------------------------------------------------------------------------------------------- the folder
@@ -289,9 +360,22 @@ def _check_counts(counts: np.ndarray, stray: list, n: int) -> None:
         raise RuntimeError(f"the shards do not hold each of the {n} images exactly once: " + "; ".join(problems))
 
 
-def _differences(saved: dict, now: dict) -> List[str]:
+def _flat(settings: dict, prefix: str = "") -> dict:
+    """Nested dicts as one level of dotted keys ({"numerics": {"threads": 1}} -> {"numerics.threads": 1})."""
+    flat = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _differences(saved: dict, now: dict, was: str = "the folder's run", is_: str = "now") -> List[str]:
+    """Each differing setting (nested ones by dotted name) with both values."""
+    saved, now = _flat(saved), _flat(now)
     keys = sorted(set(saved) | set(now))
-    return [f"{key} (the folder's run: {saved.get(key, '<unset>')!r}, now: {now.get(key, '<unset>')!r})"
+    return [f"{key} ({was}: {saved.get(key, '<unset>')!r}, {is_}: {now.get(key, '<unset>')!r})"
             for key in keys if saved.get(key) != now.get(key)]
 
 
@@ -311,7 +395,7 @@ class DiscreteSampler:
                              cfg_interval=args.cfg_interval)
         self.method, self.L = args.method, self.gpt.config.block_size
         self.options = dict(method=args.method, compile=args.compile)
-        self.settings = dict(self.sampling, dtype=str(self.gpt.tok_embeddings.weight.dtype).replace("torch.", ""))
+        self.settings = dict(self.sampling)
         if args.method != "ar":
             drafter, table = gc._drafter_and_table(args, self.gpt, self.vq)
             spec = gc.method_options(args)
@@ -327,7 +411,9 @@ class DiscreteSampler:
         tokens, stats = generate(self.gpt, labels.to(self.args.device), **self.options, **self.sampling,
                                  seed=seed, image_ids=ids)
         side = self.gpt.config.grid_size
-        pixels = self.vq.to_uint8(self.vq.decode_codes(tokens, side, side)).cpu().numpy()
+        # one image at a time: a pixel depends on its image's tokens, not on the rows decoded beside them
+        pixels = np.concatenate([self.vq.to_uint8(self.vq.decode_codes(row[None], side, side)).cpu().numpy()
+                                 for row in tokens])
         b = len(ids)
         if stats is None:  # AR: one target forward per token
             counts = dict(emitted=b * self.L, row_steps=b * self.L, target_forwards=self.L, draft_forwards=0)
@@ -371,7 +457,8 @@ class MARSampler:
 
         tokens, stats = generate(self.mar, labels.to(self.args.device), **self.options, **self.sampling, seed=seed,
                                  image_ids=ids)
-        pixels = to_uint8(_decode(self.mar, self.vae, tokens)).cpu().numpy()
+        pixels = np.concatenate([to_uint8(_decode(self.mar, self.vae, row[None])).cpu().numpy()
+                                 for row in tokens])  # one image at a time, as DiscreteSampler
         if self.config is None:
             counts = dict(target_forwards=stats.transformer_forwards, head_evaluations=stats.head_evaluations,
                           transformer_s=stats.transformer_s, head_s=stats.head_s, steps=stats.steps)
@@ -396,9 +483,8 @@ class MARSampler:
 
 def settings_of(args, sampler) -> dict:
     """The settings that decide the images (config.json): model, method, ids, seed and every sampling option
-    after the model's defaults are filled in; and the batch, which decides the folder's block layout (not the
-    images). Speed-only options (--fused, --compile, --device, progress) are left out, so a run may resume on
-    another machine."""
+    after the model's defaults are filled in; and the batch, which decides the folder's block layout. What the
+    arithmetic depends on (dtype, --fused, --compile, device, processor, --threads) is ``numerics_of``'s."""
     model = {key: getattr(args, key) for key in ("model", "gpt", "gpt_name", "vq", "image_size", "mar", "mar_name",
                                                  "vae", "vae_name", "num_sampling_steps", "mar_drafter",
                                                  "mar_drafter_name") if getattr(args, key, None) is not None}
@@ -439,8 +525,17 @@ def _check_classes(args, num_classes: int) -> None:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    """The job on this rank (module docstring)."""
+    """The job on this rank (module docstring), at ``--threads`` torch threads (restored afterwards)."""
     _check_job_options(args)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(check_threads(args.threads))
+    try:
+        return _run_sample(args)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run_sample(args: argparse.Namespace) -> int:
     folder = SampleFolder(args.out)
     ranks, args.device = init_ranks(args.device)
     try:
@@ -453,8 +548,14 @@ def run_sample(args: argparse.Namespace) -> int:
             enable_fused(args.fused)
         sampler = MARSampler(args) if args.model in ("tiny-mar", "mar-checkpoint") else DiscreteSampler(args)
         _check_classes(args, sampler.num_classes)
-        settings = settings_of(args, sampler)
-        verdict = _guarded(lambda: folder.prepare(settings, args.resume)) if ranks.main else None
+        numerics = _all_gather(numerics_of(args, sampler), ranks)
+        settings = dict(settings_of(args, sampler), numerics=numerics[ranks.rank])
+
+        def prepare():
+            _check_rank_numerics(numerics)
+            return folder.prepare(settings, args.resume)
+
+        verdict = _guarded(prepare) if ranks.main else None
         verdict = _broadcast(verdict, ranks)
         if isinstance(verdict, str):
             raise SystemExit(verdict)
@@ -592,9 +693,13 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
                     "samples.npz (arr_0 uint8 [N, H, W, 3] in id order, the ADM evaluation suite's input), "
                     "config.json and runs/run-<k>.json (tau, forwards, wall time per rank). Launch with "
                     "`torchrun --nproc_per_node N -m lantern sample ...` for N processes (nccl on GPUs, gloo "
-                    "on CPUs) or plainly for one. Image i has class classes[i mod len(classes)]; the same "
-                    "settings give the same images whatever the number of processes. A killed run continues "
-                    "with --resume. docs/sampling.md.")
+                    "on CPUs) or plainly for one. Image i has class classes[i mod len(classes)]. Reproducibility: "
+                    "the same settings and numerics (dtype, --fused, --compile, device type and processor, torch "
+                    "version, --threads; all recorded in config.json) give bit-identical images whatever the "
+                    "number of processes, the order of the blocks and restarts; --resume and ranks with other "
+                    "numerics are refused. --batch changes the images only through the last bits the machine's "
+                    "matrix products give a row in batches of other shapes: none where they are row-invariant, "
+                    "else rare tokens. A killed run continues with --resume. docs/sampling.md \"Numerics\".")
     p.add_argument("out", metavar="DIR", help="output folder (new or empty; with --resume: a run's folder)")
     p.add_argument("--num-images", type=int, required=True, help="images to generate (ids 0..N-1)")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR (its settings must match)")
@@ -606,6 +711,10 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
                      f"depend on it, but the folder's shards do, so a resume needs the same; default "
                      f"{DEFAULT_BATCH})")
     add_device_options(run)
+    run.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
+                     help="torch threads per process, pinned and recorded (matrix products may split their sums "
+                          "by thread, so the images depend on it; the default is what torchrun gives each process, "
+                          "so one process and torchrun compute alike)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(tree="chain")
     return p
