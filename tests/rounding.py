@@ -35,9 +35,13 @@ def shape_dependent_rounding(threads: bool = False, relative: Optional[float] = 
     """Within the block, F.linear and F.scaled_dot_product_attention round by the shape of the call (and, with
     ``threads``, by torch.get_num_threads()): see the module docstring."""
     linear, attention = F.linear, F.scaled_dot_product_attention
+    threads_at_entry = torch.get_num_threads()
 
     def salt() -> int:
-        return 7919 * torch.get_num_threads() if threads else 0
+        if not threads:
+            return 0
+        # torch.compile cannot trace get_num_threads: a compiled call sees the count the block started with
+        return 7919 * (threads_at_entry if torch.compiler.is_compiling() else torch.get_num_threads())
 
     def rounded_linear(x, weight, bias=None):
         out = linear(x, weight, bias)

@@ -707,9 +707,9 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
     add_sampling_options(p, classes_help="classes cycled over the image ids (default: every class of the model)")
     run = p.add_argument_group("run")
     add_method_options(p, run)
-    run.add_argument("--batch", type=int, metavar="B", help=f"images per block (one batch; the images do not "
-                     f"depend on it, but the folder's shards do, so a resume needs the same; default "
-                     f"{DEFAULT_BATCH})")
+    run.add_argument("--batch", type=int, metavar="B", help=f"images per block (one batch; the images depend on "
+                     f"it only through the machine's rounding, but the folder's shards do, so a resume needs the "
+                     f"same; default {DEFAULT_BATCH})")
     add_device_options(run)
     run.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
                      help="torch threads per process, pinned and recorded (matrix products may split their sums "
