@@ -525,12 +525,18 @@ def _check_classes(args, num_classes: int) -> None:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    """The job on this rank (module docstring), at ``--threads`` torch threads (restored afterwards)."""
+    """The job on this rank (module docstring), at ``--threads`` torch threads and with ``--fused``'s backend
+    (the caller's thread count and backend are restored afterwards)."""
+    import contextlib
+
+    from . import fused
+
     _check_job_options(args)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(check_threads(args.threads))
     try:
-        return _run_sample(args)
+        with fused(args.fused) if args.fused else contextlib.nullcontext():
+            return _run_sample(args)
     finally:
         torch.set_num_threads(threads_before)
 
@@ -542,10 +548,6 @@ def _run_sample(args: argparse.Namespace) -> int:
         refusal = _broadcast(_guarded(folder.check_writable) if ranks.main else None, ranks)
         if isinstance(refusal, str):
             raise SystemExit(refusal)
-        if args.fused:
-            from . import enable_fused
-
-            enable_fused(args.fused)
         sampler = MARSampler(args) if args.model in ("tiny-mar", "mar-checkpoint") else DiscreteSampler(args)
         _check_classes(args, sampler.num_classes)
         numerics = _all_gather(numerics_of(args, sampler), ranks)
