@@ -37,7 +37,7 @@ CONFIG_FILE, IMAGES, SHARDS, RUNS, NPZ_FILE = "config.json", "images", "shards",
 DEFAULT_BATCH = 16
 DEFAULT_THREADS = 1  # what torchrun gives each process: one process and N processes compute alike by default
 MAX_THREADS = 1024
-STOP_AFTER_ENV = "LANTERN_SAMPLE_STOP_AFTER"  # tests: SIGKILL this process after that many of its blocks
+STOP_AFTER_ENV = "LANTERN_SAMPLE_STOP_AFTER"  # tests: rank 0 SIGKILLs itself after that many of its blocks
 _TMP_PREFIX = ".tmp-"
 _SHARD_NAME = re.compile(r"^(\d+)\.npz$")
 
@@ -589,7 +589,7 @@ def _generate_share(args, ranks: Ranks, folder: SampleFolder, sampler) -> dict:
     done = folder.done_blocks()
     todo = [j for j in rank_blocks(n_blocks, ranks) if j not in done]
     bar = _progress(args, ranks, n, folder, n_blocks)
-    stop_after = int(os.environ.get(STOP_AFTER_ENV, "0"))
+    stop_after = int(os.environ.get(STOP_AFTER_ENV, "0")) if ranks.main else 0  # (torchrun then ends the others)
     counts: Dict[str, float] = {}
     images = 0
     t0 = time.perf_counter()
