@@ -2,9 +2,10 @@
 
 Every random number comes from the project's Philox stream (SPEC §5, ``lantern.ops.philox_uniform``), keyed
 by what it is for, never by where it sits in a batch: (seed; purpose, Box-Muller half, channel; image id;
-token position; diffusion step), the layout of ``lantern.ops.reference.noise``. So the same seed gives the
-same image at any batch size or composition, and two models sampling the same position of the same image (a
-drafter and a target) see the same x_T and the same eps_t.
+token position; diffusion step), the layout of ``lantern.ops.reference.noise``. So an image gets the same
+noise at any batch size or composition (and the same image wherever the matrix products compute a row alike
+whatever the batch: docs/sampling.md "Numerics"), and two models sampling the same position of the same image
+(a drafter and a target) see the same x_T and the same eps_t.
 
 The loop (``sample_mar``) is the reference's: a random order per image (argsort of one uniform per
 position), consumed from its end; the cosine mask schedule, shared by the batch; every remaining token on the
