@@ -94,3 +94,19 @@ def pytest_runtest_call(item):
         raise AssertionError(f"this test ran no {backend} kernel (if that is its point, mark it no_kernel_check with "
                              f"the reason)")
     return result
+
+
+@pytest.fixture(autouse=True)
+def _simulated_rounding():
+    """LANTERN_TEST_ROUNDING=shape (an audit, not CI): every test runs under tests/rounding.py's one-ulp
+    rounding by call shape, as CPUs with AVX-512 / AMX and GPUs round; =threads: by shape and thread count. A
+    test that then fails compares results of matrix products of different shapes (or thread counts) bit for
+    bit. (torch.compile'd calls see the thread count the test started with: =threads misleads there.)"""
+    mode = os.environ.get("LANTERN_TEST_ROUNDING")
+    if mode not in ("shape", "threads"):
+        yield
+        return
+    from rounding import shape_dependent_rounding
+
+    with shape_dependent_rounding(threads=mode == "threads"):
+        yield

@@ -104,3 +104,17 @@ def test_checker_catches_bad_references():
     assert bad_references(f"SPEC {sign}11", sections) == [(1, f"{sign}11")]
     assert bad_references(f"x\n{sign}3.4", sections) == [(2, f"{sign}3.4")]
     assert bad_references(f"{sign}3-7", sections) == [(1, f"{sign}3-7")]
+
+
+TEST_REF = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
+
+
+def test_cited_tests_exist():
+    """Every `tests/<file>.py::<test>` a doc cites (docs/sampling.md's "Numerics" names the test of each clause)
+    is a function of that file."""
+    cited = [(doc, m.group(1), m.group(2)) for doc in sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
+             for m in TEST_REF.finditer(doc.read_text())]
+    assert cited
+    missing = [f"{doc.name}: {path}::{name}" for doc, path, name in cited
+               if not (REPO / path).exists() or f"def {name}(" not in (REPO / path).read_text()]
+    assert not missing, missing

@@ -1,9 +1,11 @@
 """`lantern sample` / `lantern eval` (docs/sampling.md): the same images whatever the number of processes,
-a kill and a restart lose nothing and duplicate nothing, bad input is refused with a message naming it.
+a kill and a restart lose nothing and duplicate nothing, what the images depend on is recorded and a resume or
+a rank with other numerics is refused, bad input is refused with a message naming it.
 
 The multi-process runs use ``python -m torch.distributed.run --standalone --nproc_per_node 2`` on the CPU
-(gloo), one thread per process; the single-process references run the same way (one process, one thread),
-so both see the same arithmetic."""
+(gloo; torchrun gives each process OMP_NUM_THREADS=1); the single-process references run with the machine's
+default thread count (OMP_NUM_THREADS unset), so only lantern sample's pinned ``--threads`` makes them compute
+alike (docs/sampling.md "Numerics")."""
 import json
 import os
 import pickle
@@ -17,8 +19,10 @@ import pytest
 import torch
 from PIL import Image
 
+import lantern
 from lantern import sampling
 from lantern.sampling import SampleFolder, block_ids, labels_of, rank_blocks, sample
+from rounding import shape_dependent_rounding
 
 TINY_AR = ["--num-images", "6", "--batch", "2", "--seed", "5", "--no-progress"]
 TINY_LANTERN = ["--method", "lantern", "--k", "100", "--tree", "chain", "--depth", "3", "--num-images", "4",
@@ -26,8 +30,9 @@ TINY_LANTERN = ["--method", "lantern", "--k", "100", "--tree", "chain", "--depth
 
 
 def _env(**extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
-    env.pop("WORLD_SIZE", None)
+    env = dict(os.environ, **extra)
+    for name in ("WORLD_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(name, None)
     return env
 
 
@@ -40,6 +45,10 @@ def run_torchrun(out, args, nproc=2, **env):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                            str(nproc), "-m", "lantern", "sample", str(out), *args], capture_output=True, text=True,
                           timeout=300, env=_env(**env))
+
+
+def numerics(folder) -> dict:
+    return json.loads((folder / sampling.CONFIG_FILE).read_text())["numerics"]
 
 
 def arr_0(folder):
@@ -90,7 +99,8 @@ def test_discrete_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
         images = data["arr_0"]
     tiny = load_tiny("cpu")
     side = tiny.gpt.config.grid_size
-    decode = lambda tokens: tiny.vq.to_uint8(tiny.vq.decode_codes(tokens, side, side)).numpy()  # noqa: E731
+    decode = lambda tokens: np.concatenate([tiny.vq.to_uint8(tiny.vq.decode_codes(row[None], side, side)).numpy()
+                                            for row in tokens])  # noqa: E731 (one image at a time, as sample)
     cfg = tiny.meta["sampling"]["cfg_scale"]
     for j in range(2):
         ids = block_ids(j, 3, 2)
@@ -102,32 +112,67 @@ def test_discrete_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
         assert np.array_equal(np.asarray(Image.open(tmp_path / "run" / "images" / f"{i:06d}.png")), images[i])
 
 
+def test_mar_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
+    """Block j of a MAR run is lantern.generate on its ids' labels with the run's settings and image_ids = its
+    ids, each image decoded alone. Negative control: keyed by row, the second block's image is another."""
+    from lantern.generate_mar_cli import _decode
+    from lantern.models import to_uint8
+    from lantern.tiny_mar import load_tiny_mar
+
+    torch.set_num_threads(1)
+    npz = sample(tmp_path / "run", 3, batch=2, seed=7, model="tiny-mar", num_iter=4, classes=[4, 1],
+                 no_progress=True)
+    config = json.loads((tmp_path / "run" / sampling.CONFIG_FILE).read_text())
+    with np.load(npz) as data:
+        images = data["arr_0"]
+    tiny = load_tiny_mar("cpu")
+    options = dict(method="ar", cfg_scale=config["cfg_scale"], temperature=config["temperature"],
+                   num_iter=config["num_iter"], cfg_schedule=config["cfg_schedule"], seed=7)
+    decode = lambda tokens: np.concatenate([to_uint8(_decode(tiny.mar, tiny.vae, row[None])).numpy()
+                                            for row in tokens])  # noqa: E731
+    for j in range(2):
+        ids = block_ids(j, 3, 2)
+        tokens, _ = lantern.generate(tiny.mar, labels_of(ids, [4, 1]), image_ids=ids, **options)
+        assert np.array_equal(images[ids.numpy()], decode(tokens))
+    by_row, _ = lantern.generate(tiny.mar, labels_of(block_ids(1, 3, 2), [4, 1]), **options)
+    assert not np.array_equal(images[2:], decode(by_row))
+
+
 @pytest.mark.parametrize("method,batches", [("ar", (1, 4)), ("lantern", (2, 3)), ("sjd", (1, 4))])
 def test_discrete_images_do_not_depend_on_the_batch(tmp_path, method, batches):
-    """Every draw is keyed by (seed, image id): two batch sizes give the same images (the fused cpu kernels in
-    float32 compute each row's logits alike whatever the batch, docs/sampling.md)."""
+    """Every draw is keyed by (seed, image id) and each image is decoded alone: two batch sizes give the same
+    images. float64 (--dtype float64) under one-ulp rounding by the call's row count (tests/rounding.py), so
+    the test does not rely on batch-invariant matrix products: the logits of a row then differ between
+    batch sizes by ~1e-16 relative, and a sampling decision (a float32 uniform against a float64
+    probability, or the race's argmin) changes only if a uniform or a competing key falls within that of
+    the threshold: ~1e-16 x 2^24 < 1e-8 per decision, < 1e-4 over the test's ~10^4 decisions."""
     torch.set_num_threads(1)
-    options = dict(method=method, seed=4, num_images=4, no_progress=True, fused="cpu")
+    options = dict(method=method, seed=4, num_images=4, no_progress=True, fused="cpu", dtype="float64")
     if method != "ar":
         options.update(tree="chain", depth=3, k=100)
     if method == "sjd":
         options.update(window=4, k=0)
     runs = []
-    for batch in batches:
-        npz = sample(tmp_path / f"b{batch}", batch=batch, **options)
-        with np.load(npz) as data:
-            runs.append(data["arr_0"])
+    with shape_dependent_rounding():
+        for batch in batches:
+            npz = sample(tmp_path / f"b{batch}", batch=batch, **options)
+            with np.load(npz) as data:
+                runs.append(data["arr_0"])
     assert np.array_equal(*runs)
     assert not np.array_equal(runs[0][:2], runs[0][2:])  # the images differ from one another
+    assert numerics(tmp_path / f"b{batches[0]}")["dtype"] == "float64"
 
 
 # ---------------------------------------------------------------------------------------------- processes
 
 
 def test_two_processes_give_the_single_process_images_ar(tmp_path, ar_reference):
+    """One process (the machine's default thread count) and two torchrun processes (one thread each by
+    torchrun) compute at the pinned --threads 1 alike: the same images, and the same numerics recorded."""
     out = tmp_path / "ar2"
     assert_ok(run_torchrun(out, TINY_AR))
     assert np.array_equal(arr_0(out), arr_0(ar_reference))
+    assert numerics(out) == numerics(ar_reference) and numerics(out)["threads"] == 1
     run = json.loads((out / "runs" / "run-000.json").read_text())
     assert run["world_size"] == 2 and [r["rank"] for r in run["per_rank"]] == [0, 1]
     assert [r["blocks"] for r in run["per_rank"]] == [2, 1]  # blocks 0, 2 and 1 of 3
@@ -140,20 +185,110 @@ def test_two_processes_give_the_single_process_images_lantern(tmp_path):
     assert_ok(run_single(one, TINY_LANTERN))
     assert_ok(run_torchrun(two, TINY_LANTERN))
     assert np.array_equal(arr_0(one), arr_0(two))
+    assert numerics(one) == numerics(two) and numerics(one)["threads"] == 1
     run = json.loads((two / "runs" / "run-000.json").read_text())
     assert run["tau"] > 1.0 and run["totals"]["draft_forwards"] > 0
     assert run["settings"]["method"] == "lantern" and run["settings"]["delta"] == 0.1
 
 
+def test_pinned_threads_beyond_one_match_across_processes(tmp_path):
+    """--threads 2 pins two threads in one process and in each of two torchrun processes (which torchrun would
+    give one): the same images, and threads 2 recorded."""
+    args = ["--num-images", "2", "--batch", "1", "--seed", "8", "--no-progress", "--threads", "2"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    passive = dict(OMP_WAIT_POLICY="PASSIVE")  # four threads on a small machine: no spinning (same arithmetic)
+    assert_ok(run_single(one, args, OMP_NUM_THREADS="1", **passive))
+    assert_ok(run_torchrun(two, args, **passive))
+    assert np.array_equal(arr_0(one), arr_0(two))
+    assert numerics(one) == numerics(two) and numerics(one)["threads"] == 2
+
+
+def test_pinned_threads_make_the_callers_thread_count_irrelevant(tmp_path):
+    """lantern.sample runs at its --threads (default 1) whatever the caller's torch thread count, and restores
+    the caller's thread count and fused backend afterwards. Under arithmetic that depends on the thread count
+    (tests/rounding.py, exaggerated to 5 % so that any dependence shows in the tokens; torch's matrix products
+    may split their sums by thread), a caller at 2 threads gets the 1-thread caller's images; negative control:
+    --threads 2 gives other images."""
+    def run(name, caller_threads, **options):
+        torch.set_num_threads(caller_threads)
+        with shape_dependent_rounding(threads=True, relative=0.05):
+            npz = sample(tmp_path / name, 2, batch=2, seed=3, fused="cpu", no_progress=True, **options)
+        assert torch.get_num_threads() == caller_threads and lantern.active_backend() == "reference"
+        with np.load(npz) as data:
+            return data["arr_0"]
+
+    before = torch.get_num_threads()
+    try:
+        one, two = run("one", 1), run("two", 2)
+        other = run("other", 1, threads=2)
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(one, two)
+    assert numerics(tmp_path / "one") == numerics(tmp_path / "two")
+    assert not np.array_equal(one, other) and numerics(tmp_path / "other")["threads"] == 2
+
+
+def test_resume_with_other_numerics_is_refused(small_run):
+    """config.json records what the images depend on; --resume with another dtype, fused backend or thread
+    count is refused, naming each differing item, before any image is made."""
+    saved = numerics(small_run)
+    assert saved["threads"] == 1 and saved["device"] == "cpu" and saved["fused"]["verify"] == "reference"
+    assert saved["torch"] == torch.__version__ and saved["cpu_capability"].startswith(
+        torch.backends.cpu.get_cpu_capability())
+    other_dtype = "bfloat16" if saved["dtype"] == "float32" else "float32"
+    shards = sorted(p.name for p in (small_run / "shards").iterdir())
+    for options, named in ((dict(dtype=other_dtype), rf"numerics\.dtype \(the folder's run: '{saved['dtype']}', "
+                                                     rf"now: '{other_dtype}'\)"),
+                           (dict(fused="cpu"), r"numerics\.fused\.tree_attention \(the folder's run: 'reference', "
+                                               r"now: 'cpu'\).*numerics\.fused\.verify"),
+                           (dict(threads=2), r"numerics\.threads \(the folder's run: 1, now: 2\)")):
+        with pytest.raises(SystemExit, match="cannot resume it.*" + named):
+            sample(small_run, 2, batch=2, seed=1, resume=True, no_progress=True, **options)
+    assert sorted(p.name for p in (small_run / "shards").iterdir()) == shards
+    assert numerics(small_run) == saved
+
+
+@pytest.mark.parametrize("old_format", [2, 3])
+def test_a_folder_of_an_earlier_format_is_refused_on_resume(small_run, tmp_path, old_format):
+    """A folder written before the numerics record (format 2, or 3 without the weight digests) is refused on
+    resume, naming the format and what it lacks, and left as it was."""
+    old = tmp_path / "old"
+    shutil.copytree(small_run, old)
+    config = json.loads((old / sampling.CONFIG_FILE).read_text())
+    config = {key: value for key, value in config.items() if key not in ("numerics", "sha256")}
+    config["format"] = old_format
+    (old / sampling.CONFIG_FILE).write_text(json.dumps(config))
+    assert sampling.FORMAT == 4
+    with pytest.raises(SystemExit, match=rf"cannot resume it.*format \(the folder's run: {old_format}, now: 4\).*"
+                                         r"numerics\.dtype \(the folder's run: '<unset>'"):
+        sample(old, 2, batch=2, seed=1, resume=True, no_progress=True)
+    assert json.loads((old / sampling.CONFIG_FILE).read_text()) == config
+
+
+def test_ranks_with_other_numerics_are_refused(tmp_path, monkeypatch):
+    """Every rank's numerics reach rank 0 before any image; one that differs from rank 0's (here a stand-in
+    for a second rank on another processor at another thread count) stops the run with a message naming the
+    rank and each differing item, and nothing is written."""
+    def gather(value, ranks):
+        return [value, dict(value, processor="another CPU", threads=4)]
+
+    monkeypatch.setattr(sampling, "_all_gather", gather)
+    with pytest.raises(SystemExit, match=r"rank 1: processor \(rank 0: .*, rank 1: 'another CPU'\); "
+                                         r"threads \(rank 0: 1, rank 1: 4\)"):
+        sample(tmp_path / "run", 2, batch=2, seed=1, no_progress=True)
+    assert not (tmp_path / "run" / sampling.CONFIG_FILE).exists()
+
+
 def test_kill_and_resume_loses_and_duplicates_nothing(tmp_path, ar_reference):
-    """Each rank SIGKILLs itself after its first block (torchrun ends the other at the first death, whichever
-    rank that is); --resume completes the run."""
+    """Rank 0, which holds DIR's lock, SIGKILLs itself after its first block; torchrun then ends rank 1 wherever
+    it is (before, during or after its block: either rank may be the first to stop). --resume completes the run
+    with every id once."""
     out = tmp_path / "killed"
     killed = run_torchrun(out, TINY_AR, **{sampling.STOP_AFTER_ENV: "1"})
     assert killed.returncode != 0
     assert not (out / sampling.NPZ_FILE).exists()
     done = np.flatnonzero(SampleFolder(out).done_blocks(3)).tolist()
-    assert done and 2 not in done  # the first rank to die had written its block; rank 0 never reached block 2
+    assert 0 in done and 2 not in done  # rank 0 wrote its first block and never reached its second; block 1: either
     (out / "shards" / ".tmp-half-written").write_bytes(b"PK\x03")  # what a kill during a write leaves
     refused = run_torchrun(out, TINY_AR)  # the same command without --resume: refused
     assert refused.returncode != 0 and "--resume" in refused.stderr
@@ -163,16 +298,6 @@ def test_kill_and_resume_loses_and_duplicates_nothing(tmp_path, ar_reference):
     assert len(list((out / "images").iterdir())) == 6
     resumed = json.loads((out / "runs" / "run-000.json").read_text())
     assert resumed["images_this_run"] == 6 - 2 * len(done)
-
-
-def test_mar_images_do_not_depend_on_the_batch(tmp_path):
-    """MAR keys every random number by the image id: batch 1 and batch 3 give the same images."""
-    torch.set_num_threads(1)
-    options = dict(model="tiny-mar", num_iter=4, seed=3, no_progress=True)
-    a = sample(tmp_path / "b1", 3, batch=1, **options)
-    b = sample(tmp_path / "b3", 3, batch=3, **options)
-    with np.load(a) as x, np.load(b) as y:
-        assert np.array_equal(x["arr_0"], y["arr_0"])
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -437,6 +562,9 @@ def test_resume_redoes_a_truncated_shard_and_a_deleted_png(tmp_path, capsys):
     (dict(model="tiny-mar", method="cspd", gamma=0), r"--gamma must be in \[1, "),
     (dict(model="tiny-mar", method="cspd", prefill=1.0), r"--prefill must be in \[0.0, 1.0\)"),
     (dict(fused="fastest"), "--fused must be one of"),
+    (dict(fused="cpu", device="meta"), "--fused cpu runs on cpu tensors, not on --device meta"),
+    (dict(threads=0), r"--threads must be in \[1, 1024\], got 0"),
+    (dict(threads=1025), r"--threads must be in \[1, 1024\], got 1025"),
     (dict(device="gpu:7"), "--device 'gpu:7' is not a device"),
 ])
 def test_sampling_settings_are_refused_before_anything_is_written(tmp_path, options, message):
@@ -497,6 +625,7 @@ def test_num_sampling_steps_is_checked_before_the_checkpoint_is_read(tmp_path, s
     (dict(classes=[]), SystemExit, "--classes must hold between 1 and"),
     (dict(resume="no"), TypeError, "sample\\(\\): resume must be True or False, got 'no'"),
     (dict(seed=True), TypeError, "sample\\(\\): seed must be an int, got bool"),
+    (dict(threads=2.5), TypeError, "sample\\(\\): threads must be an int, got float 2.5"),
     (dict(temperature="1"), TypeError, "sample\\(\\): temperature must be a number"),
     (dict(method="bogus"), ValueError, "sample\\(\\): method must be one of"),
     (dict(num_images="4"), TypeError, "sample\\(\\): num_images must be an int"),

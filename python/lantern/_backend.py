@@ -119,8 +119,22 @@ def _auto_candidates(device: torch.device) -> tuple:
     return ()
 
 
+def wrong_device(backend: str, device) -> Optional[str]:
+    """None when ``backend``'s kernels take tensors on ``device``, else the device type they take."""
+    expected = {"cpu": "cpu", "cuda": "cuda", "triton": "cuda"}.get(backend)
+    if expected is None or torch.device(device).type == expected or (backend == "triton" and _triton_interpret()):
+        return None
+    return expected
+
+
 def resolve(op_name: str, device: torch.device) -> Callable:
     """The implementation of ``op_name`` for the active backend and an input on ``device``."""
+    return _resolve(op_name, device, count=True)
+
+
+def _resolve(op_name: str, device: torch.device, count: bool) -> Callable:
+    """``resolve``; ``count``: a call that runs the reference because the kernel's self-check disabled it is
+    counted (``kernel_calls``), which a mere question (``resolved_backends``) is not."""
     backend = active_backend()
     if backend == "reference":
         return _REGISTRY["reference"][op_name]
@@ -134,14 +148,13 @@ def resolve(op_name: str, device: torch.device) -> Callable:
     impl = _REGISTRY[backend].get(op_name)
     if impl is None:
         return _REGISTRY["reference"][op_name]
-    expected = {"cpu": "cpu", "cuda": "cuda", "triton": "cuda"}.get(backend)
-    if expected is not None and device.type != expected and not (backend == "triton" and _triton_interpret()):
-        raise RuntimeError(
-            f"backend '{backend}' runs {op_name} on {expected} tensors, got tensors on {device}; "
-            f"move the inputs or choose another backend"
-        )
+    wrong = wrong_device(backend, device)
+    if wrong is not None:
+        raise RuntimeError(f"backend '{backend}' runs {op_name} on {wrong} tensors, got tensors on {device}; move "
+                           f"the inputs or choose another backend")
     if not _passes_self_check(backend, op_name, device):
-        _count("disabled", backend, op_name)
+        if count:
+            _count("disabled", backend, op_name)
         return _REGISTRY["reference"][op_name]
     return impl
 
@@ -163,6 +176,19 @@ def kernel_calls() -> Dict[str, Dict[Tuple[str, str], int]]:
     (outside the self-checks and torch.compile tracing), and the public op calls that ran the reference
     because that kernel's self-check had disabled it."""
     return {kind: dict(calls) for kind, calls in _kernel_calls.items()}
+
+
+def resolved_backends(device) -> Dict[str, str]:
+    """op -> the backend ("reference", "cpu", "cuda" or "triton") whose implementation ``resolve`` picks for
+    inputs on ``device`` under the active backend (self-checks included): what a run's numerics depend on."""
+    device = torch.device(device)
+    _load_backends()
+    chosen = {}
+    for op_name in sorted(_REGISTRY["reference"]):
+        impl = _resolve(op_name, device, count=False)
+        chosen[op_name] = next((name for name in ("cpu", "cuda", "triton") if _REGISTRY[name].get(op_name) is impl),
+                               "reference")
+    return chosen
 
 
 def dispatch(op_name: str, device: torch.device) -> Callable:

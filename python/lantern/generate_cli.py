@@ -121,14 +121,18 @@ def add_method_options(p: argparse.ArgumentParser, run):
 
 def add_device_options(run) -> None:
     """--fused, --compile, --device, --dtype."""
-    run.add_argument("--fused", metavar="BACKEND", help="enable fused ops: auto | cpu | cuda | triton")
+    run.add_argument("--fused", metavar="BACKEND",
+                     help="enable fused ops: auto | cpu | cuda | triton. Faster, and not only faster: the kernels "
+                          "round differently from the reference (tree attention most in bfloat16), so some "
+                          "tokens can differ (docs/sampling.md \"Numerics\")")
     run.add_argument("--compile", action="store_true",
                      help="target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), "
                           "node counts padded to a few buckets; the one-off compile time is reported")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float64"],
                      help="the GPT's compute dtype. auto: bfloat16 on a GPU, and on a CPU with native bf16 dot "
-                          "products (AVX512-BF16 / AMX), else float32")
+                          "products (AVX512-BF16 / AMX), else float32. float64: slow; last-bit differences "
+                          "between kernels (batch shapes, backends) then almost never change a token")
 
 
 # options that apply to some models only (dest -> the --model values they apply to)

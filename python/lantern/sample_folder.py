@@ -23,7 +23,7 @@ import torch
 from .npz_io import NpzError, images_check, open_npz, read_member
 from .outputs import TMP_PREFIX, atomic_write
 
-FORMAT = 2  # of config.json and the folder layout (2: discrete images keyed by image id, not by block)
+FORMAT = 4  # of config.json and the folder layout (2: discrete images keyed by image id; 4: the numerics record)
 CONFIG_FILE, IMAGES, SHARDS, RUNS, NPZ_FILE, LOCK_FILE = "config.json", "images", "shards", "runs", "samples.npz", \
     ".lock"
 MAX_CONFIG_BYTES = 1 << 20
@@ -107,7 +107,7 @@ def differences(saved: dict, now: dict) -> List[Difference]:
 def describe(difference: Difference, now: dict) -> str:
     """One line for a refusal message. A weight file's digest names the file."""
     key, saved, new = difference
-    if key.startswith("sha256.") and new is not MISSING:
+    if key.startswith("sha256.") and new is not MISSING and saved is not MISSING:
         name = key.split(".", 1)[1]
         path = now.get(name) or f"the shipped {now.get('model')} model's {name} weights"
         return (f"the contents of {path} ({name}) are not those the folder's run used (sha256 {str(saved)[:12]}... "

@@ -16,6 +16,7 @@ MAX_IMAGES = 10**8  # image ids are 32-bit counters of the Philox stream; PNG na
 MAX_BATCH = 65536
 MAX_CLASSES = 10**6
 MIN_TEMPERATURE = 1e-3  # a positive temperature: below it, use 0 (greedy)
+MAX_THREADS = 1024
 
 
 class Bound(NamedTuple):
@@ -35,7 +36,8 @@ class Bound(NamedTuple):
 
 # every numeric option of lantern sample: dest -> its bounds (floats must also be finite)
 BOUNDS = {
-    "num_images": Bound(1, MAX_IMAGES), "batch": Bound(1, MAX_BATCH), "seed": Bound(0, 2**64 - 1),
+    "num_images": Bound(1, MAX_IMAGES), "batch": Bound(1, MAX_BATCH), "threads": Bound(1, MAX_THREADS),
+    "seed": Bound(0, 2**64 - 1),
     "cfg_scale": Bound(0.0, 1000.0), "cfg_interval": Bound(-1, 2**31 - 1), "temperature": Bound(0.0, 100.0),
     "top_k": Bound(0, 2**31 - 1), "top_p": Bound(0.0, 1.0, least_open=True),
     "depth": Bound(1, 1024), "nodes": Bound(1, 65536), "k": Bound(0, 2**20), "delta": Bound(0.0, 1.0),
@@ -174,10 +176,10 @@ def check_mar_options(args) -> None:
 
 
 def check_device(args) -> None:
-    """--device names a device this machine has; --fused a backend it can run."""
+    """--device names a device this machine has; --fused a backend it can run on that device."""
     import torch
 
-    from ._backend import BACKENDS, _why_unavailable
+    from ._backend import BACKENDS, _why_unavailable, wrong_device
 
     try:
         device = torch.device(args.device)
@@ -191,6 +193,9 @@ def check_device(args) -> None:
         why = None if args.fused == "auto" else _why_unavailable(args.fused)
         if why is not None:
             raise SystemExit(f"--fused {args.fused} is unavailable: {why}")
+        wrong = wrong_device(args.fused, device)
+        if wrong is not None:
+            raise SystemExit(f"--fused {args.fused} runs on {wrong} tensors, not on --device {args.device}")
 
 
 def check_sample_options(args, default_batch: int) -> None:

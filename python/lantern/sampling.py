@@ -4,8 +4,11 @@
 Image ids 0..N-1 are cut into blocks of ``batch`` consecutive ids; block j goes to rank j mod world_size and
 is generated as one batch. Image i has class ``classes[i mod len(classes)]``. Every method keys its random
 numbers by the job's seed and the image id itself (``lantern.generate``'s ``image_ids``), so an image depends
-on the settings, never on the batch size, the world size, the rank, the order the blocks run in, or a
-restart. The batch size stays in config.json as the folder's block layout (shard j holds block j).
+on the settings and the numerics (dtype, fused backend, compile, device and processor, torch, thread count:
+``numerics_of``, pinned by ``--threads``), never on the world size, the rank, the order the blocks run in, or
+a restart; on the batch size only through the last bits the machine's matrix products give a row in batches
+of other shapes (docs/sampling.md "Numerics"). The batch size stays in config.json as the folder's block
+layout (shard j holds block j).
 
 Every option is checked before anything is loaded or written (``sample_options``); rank 0 then takes DIR's
 lock for the whole run (``sample_folder``: the layout of DIR, config.json, shards, the gather into
@@ -24,14 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Sequence
 
+import numpy as np
 import torch
 
 from .sample_folder import (CONFIG_FILE, FORMAT, IMAGES, LOCK_FILE, NPZ_FILE, RUNS, SHARDS,  # noqa: F401 re-exported
-                            SampleFolder, block_count, block_ids, digest)
+                            SampleFolder, block_count, block_ids, differences, digest)
 from .sample_options import MAR_MODELS, check_api_value, check_sample_options
 
 DEFAULT_BATCH = 16
-STOP_AFTER_ENV = "LANTERN_SAMPLE_STOP_AFTER"  # tests: SIGKILL this process after that many of its blocks
+DEFAULT_THREADS = 1  # what torchrun gives each process: one process and N processes compute alike by default
+STOP_AFTER_ENV = "LANTERN_SAMPLE_STOP_AFTER"  # tests: rank 0 SIGKILLs itself after that many of its blocks
 PROGRESS_POLL_S = 0.5
 
 
@@ -129,6 +134,67 @@ def labels_of(ids: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
     return table[ids % len(table)]
 
 
+# ---------------------------------------------------------------------------------------------- numerics
+
+
+def processor_name() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_capability() -> str:
+    """torch's CPU kernel level (torch.backends.cpu.get_cpu_capability(): DEFAULT, AVX2, AVX512, ...) and the
+    instruction sets its math libraries choose other kernels for (bf16 dot products, AMX)."""
+    features = [name for name, probe in (("avx512_bf16", "_is_avx512_bf16_supported"),
+                                         ("amx_tile", "_is_amx_tile_supported"),
+                                         ("amx_fp16", "_is_amx_fp16_supported"))
+                if getattr(torch.cpu, probe, lambda: False)()]
+    return "+".join([torch.backends.cpu.get_cpu_capability(), *features])
+
+
+def numerics_of(args, sampler) -> dict:
+    """What the images depend on besides the settings (config.json "numerics", docs/sampling.md "Numerics"):
+    the model's dtype, the backend of each lantern op (``--fused``), ``--compile``, the device type and
+    processor (GPU name and CUDA version, or CPU model, capability and thread count), torch's and lantern's
+    versions. Every rank computes its own; a rank or a resume with other numerics is refused."""
+    from . import __version__
+    from ._backend import resolved_backends
+
+    device = torch.device(args.device)
+    model = getattr(sampler, "gpt", None) or getattr(sampler, "mar")
+    record = dict(dtype=str(next(model.parameters()).dtype).replace("torch.", ""), fused=resolved_backends(device),
+                  compile=bool(args.compile), device=device.type, torch=torch.__version__, lantern=__version__)
+    if device.type == "cuda":
+        record.update(processor=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
+    else:
+        record.update(processor=processor_name(), cpu_capability=cpu_capability(), threads=torch.get_num_threads())
+    return record
+
+
+def check_rank_numerics(numerics: list) -> None:
+    """Rank 0: SystemExit naming each rank whose numerics differ from rank 0's, and each differing item with both
+    values (``sample_folder.differences``: nested items by dotted name)."""
+    lines = []
+    for rank, theirs in enumerate(numerics):
+        differing = differences(numerics[0], theirs)
+        if differing:
+            lines.append(f"rank {rank}: " + "; ".join(f"{d.key} (rank 0: {d.saved!r}, rank {rank}: {d.now!r})"
+                                                      for d in differing))
+    if lines:
+        raise SystemExit("the ranks would compute the images with other numerics (docs/sampling.md \"Numerics\"): "
+                         + " | ".join(lines) + ". Run every rank with the same --dtype, --fused, --compile and "
+                         "--threads on machines of one kind")
+
+
 # ---------------------------------------------------------------------------------------------- samplers
 
 
@@ -148,7 +214,7 @@ class DiscreteSampler:
                              cfg_interval=args.cfg_interval)
         self.method, self.L = args.method, self.gpt.config.block_size
         self.options = dict(method=args.method, compile=args.compile)
-        self.settings = dict(self.sampling, dtype=str(self.gpt.tok_embeddings.weight.dtype).replace("torch.", ""))
+        self.settings = dict(self.sampling)
         if args.method != "ar":
             codes = self.vq.quantize.embedding.weight.shape[0]
             if gc.relaxed(args) and args.k > codes - 1:
@@ -168,7 +234,9 @@ class DiscreteSampler:
         tokens, stats = generate(self.gpt, labels.to(self.args.device), **self.options, **self.sampling,
                                  seed=seed, image_ids=ids)
         side = self.gpt.config.grid_size
-        pixels = self.vq.to_uint8(self.vq.decode_codes(tokens, side, side)).cpu().numpy()
+        # one image at a time: a pixel depends on its image's tokens, not on the rows decoded beside them
+        pixels = np.concatenate([self.vq.to_uint8(self.vq.decode_codes(row[None], side, side)).cpu().numpy()
+                                 for row in tokens])
         b = len(ids)
         if stats is None:  # AR: one target forward per token
             counts = dict(emitted=b * self.L, row_steps=b * self.L, target_forwards=self.L, draft_forwards=0)
@@ -219,7 +287,8 @@ class MARSampler:
 
         tokens, stats = generate(self.mar, labels.to(self.args.device), **self.options, **self.sampling, seed=seed,
                                  image_ids=ids)
-        pixels = to_uint8(_decode(self.mar, self.vae, tokens)).cpu().numpy()
+        pixels = np.concatenate([to_uint8(_decode(self.mar, self.vae, row[None])).cpu().numpy()
+                                 for row in tokens])  # one image at a time, as DiscreteSampler
         if self.config is None:
             counts = dict(target_forwards=stats.transformer_forwards, head_evaluations=stats.head_evaluations,
                           transformer_s=stats.transformer_s, head_s=stats.head_s, steps=stats.steps)
@@ -284,8 +353,8 @@ def _mar_weight_files(args) -> Dict[str, str]:
 def settings_of(args, sampler) -> dict:
     """The settings that decide the images (config.json): model, the sha256 of each weight file it reads,
     method, ids, seed and every sampling option after the model's defaults are filled in; and the batch, which
-    decides the folder's block layout (not the images). Speed-only options (--fused, --compile, --device,
-    progress) are left out, so a run may resume on another machine. Reads every weight file once (rank 0)."""
+    decides the folder's block layout. What the arithmetic depends on (dtype, --fused, --compile, device,
+    processor, --threads) is ``numerics_of``'s, recorded beside them. Reads every weight file once (rank 0)."""
     from .generate_cli import MODEL_OPTIONS
 
     model = {"model": args.model}
@@ -311,17 +380,21 @@ def _check_classes(args, num_classes: int) -> None:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    """The job on this rank (module docstring)."""
+    """The job on this rank (module docstring), at ``--threads`` torch threads and with ``--fused``'s backend:
+    the caller's thread count and backend are restored afterwards."""
     check_sample_options(args, DEFAULT_BATCH)
     folder = SampleFolder(args.out)
+    threads_before = torch.get_num_threads()
     ranks, args.device = init_ranks(args.device)
     try:
+        torch.set_num_threads(args.threads)
         _agree(ranks, lambda: _open_folder(folder))
         from ._backend import fused
 
-        with fused(args.fused) if args.fused else contextlib.nullcontext():  # the process's backend restored after
+        with fused(args.fused) if args.fused else contextlib.nullcontext():
             _run_locked(args, ranks, folder)
     finally:
+        torch.set_num_threads(threads_before)
         folder.unlock()
         if ranks.distributed:
             import torch.distributed as dist
@@ -342,9 +415,11 @@ def _open_folder(folder: SampleFolder) -> None:
 def _run_locked(args, ranks: Ranks, folder: SampleFolder) -> None:
     sampler = MARSampler(args) if args.model in MAR_MODELS else DiscreteSampler(args)
     _check_classes(args, sampler.num_classes)
-    settings = settings_of(args, sampler) if ranks.main else None
+    numerics = _all_gather(numerics_of(args, sampler), ranks)
+    settings = dict(settings_of(args, sampler), numerics=numerics[0]) if ranks.main else None
 
     def prepare():
+        check_rank_numerics(numerics)
         done = folder.prepare(settings, args.resume, args.num_images, args.batch, sampler.image_shape)
         return done, secrets.token_hex(8)  # the token keys this run's progress counter
 
@@ -362,7 +437,7 @@ def _generate_share(args, ranks: Ranks, folder: SampleFolder, sampler, images_be
     mine = rank_blocks(block_count(n, batch), ranks)
     done = folder.done_blocks(block_count(n, batch))[mine.start::mine.step]  # bool [len(mine)]
     progress = _Progress.start(args, ranks, images_before, token)
-    stop_after = int(os.environ.get(STOP_AFTER_ENV, "0"))
+    stop_after = int(os.environ.get(STOP_AFTER_ENV, "0")) if ranks.main else 0  # (torchrun then ends the others)
     counts: Dict[str, float] = {}
     images = blocks = 0
     t0 = time.perf_counter()
@@ -495,12 +570,16 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
                     "samples.npz (arr_0 uint8 [N, H, W, 3] in id order, the ADM evaluation suite's input), "
                     "config.json and runs/run-<k>.json (tau, forwards, wall time per rank). Launch with "
                     "`torchrun --nproc_per_node N -m lantern sample ...` for N processes (nccl on GPUs, gloo "
-                    "on CPUs) or plainly for one. Image i has class classes[i mod len(classes)]; the same "
-                    "settings give the same images whatever the number of processes. A killed run continues "
-                    "with --resume (damaged shards are named and made again); config.json records the sha256 "
-                    "of each weight file, so a resume with other weights is refused. A running job locks DIR "
-                    "(DIR/.lock): a second start there is refused. Every option is checked before anything is "
-                    "loaded or written. docs/sampling.md.")
+                    "on CPUs) or plainly for one. Image i has class classes[i mod len(classes)]. Reproducibility: "
+                    "the same settings and numerics (dtype, --fused, --compile, device type and processor, torch "
+                    "version, --threads; all recorded in config.json) give bit-identical images whatever the "
+                    "number of processes, the order of the blocks and restarts; --resume and ranks with other "
+                    "numerics are refused. --batch changes the images only through the last bits the machine's "
+                    "matrix products give a row in batches of other shapes: none where they are row-invariant, "
+                    "else rare tokens. A killed run continues with --resume (damaged shards are named and made "
+                    "again); config.json records the sha256 of each weight file, so a resume with other weights "
+                    "is refused. A running job locks DIR (DIR/.lock): a second start there is refused. Every "
+                    "option is checked before anything is loaded or written. docs/sampling.md \"Numerics\".")
     p.add_argument("out", metavar="DIR", help="output folder (new or empty; with --resume: a run's folder)")
     p.add_argument("--num-images", type=int, required=True, help="images to generate (ids 0..N-1)")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR (its settings must match)")
@@ -508,10 +587,14 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
     add_sampling_options(p, classes_help="classes cycled over the image ids (default: every class of the model)")
     run = p.add_argument_group("run")
     add_method_options(p, run)
-    run.add_argument("--batch", type=int, metavar="B", help=f"images per block (one batch; the images do not "
-                     f"depend on it, but the folder's shards do, so a resume needs the same; default "
-                     f"{DEFAULT_BATCH})")
+    run.add_argument("--batch", type=int, metavar="B", help=f"images per block (one batch; the images depend on "
+                     f"it only through the machine's rounding, but the folder's shards do, so a resume needs the "
+                     f"same; default {DEFAULT_BATCH})")
     add_device_options(run)
+    run.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
+                     help="torch threads per process, pinned and recorded (matrix products may split their sums "
+                          "by thread, so the images depend on it; the default is what torchrun gives each process, "
+                          "so one process and torchrun compute alike)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(tree="chain")
     return p

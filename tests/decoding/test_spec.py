@@ -5,10 +5,12 @@ import copy
 import pytest
 import torch
 
+import lantern
 from lantern import ops
-from lantern.decoding import SpecConfig, generate_ar, generate_spec
+from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter, GPTDrafter
+from rounding import shape_dependent_rounding
 
 
 def sharpen(model):
@@ -116,3 +118,35 @@ def test_greedy_spec_with_cfg_interval_reproduces_greedy_ar(target, cfg_interval
     unguided, _ = generate_spec(target, drafters(target)["small"], labels, config=TREES[2], temperature=0.0,
                                 cfg_interval=cfg_interval)  # no guidance at all: the interval changes nothing
     assert torch.equal(unguided, generate_ar(target, labels, temperature=0.0))
+
+
+@pytest.mark.skipif(not lantern.fused_ops("cpu").get("verify", False), reason="lantern._C is not built")
+@torch.no_grad()
+def test_fused_loop_is_thread_invariant():
+    """LANTERN decoding with the fused cpu ops, one image (B = 1) over a 12293-token vocabulary, at 1 and at 2
+    threads: at 2, verify splits each node's vocabulary passes over the threads and tree attention and the
+    neighbour table spread their work; the tokens must be the same. The models run in float64 under one-ulp
+    rounding by thread count in every product (tests/rounding.py), so the test does not rely on torch's
+    matrix products being thread-invariant: a decision could change only if a float32 uniform or a competing
+    race key fell within ~1e-16 relative of its threshold (< 1e-8 per decision, < 1e-6 over the run)."""
+    V = 3 * 4096 + 5
+    torch.manual_seed(3)
+    target = sharpen(build_gpt("GPT-tiny", block_size=16, n_layer=1, dim=64, n_head=2, vocab_size=V)).double()
+    drafter = EagleDrafter(target.config).bind(target).eval().double()
+    codebook = torch.randn(V, 8, generator=torch.Generator().manual_seed(4))
+    options = dict(method="lantern", drafter=drafter, tree="dynamic", depth=3, n_nodes=10, top_per_node=3, k=8,
+                   delta=0.2, cfg_scale=2.0, temperature=1.0, top_k=200, seed=6)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with lantern.fused("cpu"), shape_dependent_rounding(threads=True):
+                table = ops.latent_neighbours(codebook, 8)
+                tokens, stats = generate(target, torch.tensor([3]), neighbours=table, **options)
+            runs.append((table, tokens, stats.row_steps))
+    finally:
+        torch.set_num_threads(before)
+    (table1, tokens1, steps1), (table2, tokens2, steps2) = runs
+    assert torch.equal(table1, table2) and torch.equal(tokens1, tokens2) and steps1 == steps2
+    assert steps1 < target.config.block_size  # drafts were accepted: the tree path ran

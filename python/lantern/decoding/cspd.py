@@ -29,7 +29,7 @@ from .. import ops
 from ..ops.checks_continuous import check_settings
 from ..ops.reference.continuous_verify import DEFAULT_MAX_TRIES, capped
 from .mar import (cfg_scale_at, check_sampling, conditions, forward_guided, predict_positions, sample_orders,
-                  step_positions, sync_device)
+                  step_positions, sync_device, token_dtype)
 
 DEFAULT_PREFILL = 0.05
 DEFAULT_GAMMA = 8
@@ -160,16 +160,19 @@ def check_pair(target, drafter) -> None:
             raise ValueError(f"the drafter does not match the target: {what} {b} vs {a}")
     if drafter.fake_latent.device != target.fake_latent.device:
         raise ValueError(f"the drafter is on {drafter.fake_latent.device}, the target on {target.fake_latent.device}")
+    if token_dtype(drafter) != token_dtype(target):
+        raise ValueError(f"the drafter's tokens are {token_dtype(drafter)}, the target's {token_dtype(target)}: "
+                         f"give both models the same dtype")
 
 
 class _Block:
     """The drafter's output for one block: tokens and head statistics at the drafted positions of [B, L]."""
 
-    def __init__(self, B: int, L: int, C: int, device: torch.device):
-        self.tokens = torch.zeros(B, L, C, device=device)
-        self.mean0 = torch.zeros(B, L, C, device=device)
-        self.std0 = torch.ones(B, L, C, device=device)
-        self.logstd_sum = torch.zeros(B, L, device=device)
+    def __init__(self, B: int, L: int, C: int, device: torch.device, dtype: torch.dtype):
+        self.tokens = torch.zeros(B, L, C, device=device, dtype=dtype)
+        self.mean0 = torch.zeros(B, L, C, device=device, dtype=dtype)
+        self.std0 = torch.ones(B, L, C, device=device, dtype=dtype)
+        self.logstd_sum = torch.zeros(B, L, device=device, dtype=dtype)
         self.position = torch.full((B, L), -1, dtype=torch.int64, device=device)  # drafting step's index in the block
         self.step = torch.full((B, L), -1, dtype=torch.int64, device=device)  # drafting MAR step
 
@@ -194,6 +197,7 @@ class CSpDRun:
         self.last_step_noise = config.resolved_last_step_noise()
         self.device = target.fake_latent.device
         self.L, self.C = target.config.seq_len, target.config.token_embed_dim
+        self.dtype = token_dtype(target)
         guided = cfg != 1.0
         self.target_cond = conditions(target, labels, B, guided)
         self.drafter_cond = conditions(drafter, labels, B, guided)
@@ -246,7 +250,7 @@ class CSpDRun:
         """The drafter takes MAR steps first .. end-1: -> (_Block, the mask after them, the last step's mask_len,
         drafted positions [B, L])."""
         s = self.stats
-        block = _Block(self.B, self.L, self.C, self.device)
+        block = _Block(self.B, self.L, self.C, self.device, self.dtype)
         drafted = torch.zeros_like(mask)
         draft_tokens = tokens
         mask_len = 0
@@ -278,13 +282,15 @@ class CSpDRun:
         t2 = time.perf_counter()
         N = b.shape[0] // B  # every image drafts the same count
         blockwise = lambda t: t[b, p].reshape(B, N, *t.shape[2:])
+        # the op takes float32: a float64 run rounds the drafts and both heads' statistics here
+        drafted_f32 = [blockwise(t).float() for t in (block.tokens, block.mean0, block.std0, block.logstd_sum)]
+        mean_p, std_p = (t.reshape(B, N, C).float() for t in (target_out.mean0, target_out.std0))
         result = ops.continuous_verify(
-            blockwise(block.tokens), target_out.mean0.reshape(B, N, C), target_out.std0.reshape(B, N, C),
-            blockwise(block.mean0), blockwise(block.std0), target_out.logstd_sum.reshape(B, N),
-            blockwise(block.logstd_sum), self.config.rule, self.config.bandwidth, self.config.sigma_ratio,
+            drafted_f32[0], mean_p, std_p, drafted_f32[1], drafted_f32[2], target_out.logstd_sum.reshape(B, N).float(),
+            drafted_f32[3], self.config.rule, self.config.bandwidth, self.config.sigma_ratio,
             self.config.max_tries, self.seed, 0, rows=self.image_ids, positions=p.reshape(B, N))
         tokens = tokens.clone()
-        tokens[b, p] = result.tokens.reshape(-1, C)
+        tokens[b, p] = result.tokens.reshape(-1, C).to(tokens.dtype)
         sync_device(self.device)
         t3 = time.perf_counter()
         s.target_transformer_s += t1 - t0
@@ -332,7 +338,7 @@ def generate_cspd(target, drafter, labels: Optional[torch.Tensor], *, num_iter: 
     num_iter = target.config.seq_len if num_iter is None else num_iter
     B, image_ids = check_sampling(target, labels, batch, num_iter, temperature, cfg_schedule, image_ids)
     run = CSpDRun(target, drafter, labels, B, image_ids, num_iter, config, cfg, cfg_schedule, temperature, seed)
-    tokens = torch.zeros(B, run.L, run.C, device=run.device)
+    tokens = torch.zeros(B, run.L, run.C, device=run.device, dtype=run.dtype)
     mask = torch.ones(B, run.L, dtype=torch.bool, device=run.device)
     n_prefill = min(num_iter, math.ceil(config.prefill * num_iter))
     t_start = time.perf_counter()

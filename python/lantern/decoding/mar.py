@@ -2,9 +2,10 @@
 
 Every random number comes from the project's Philox stream (SPEC §5, ``lantern.ops.philox_uniform``), keyed
 by what it is for, never by where it sits in a batch: (seed; purpose, Box-Muller half, channel; image id;
-token position; diffusion step), the layout of ``lantern.ops.reference.noise``. So the same seed gives the
-same image at any batch size or composition, and two models sampling the same position of the same image (a
-drafter and a target) see the same x_T and the same eps_t.
+token position; diffusion step), the layout of ``lantern.ops.reference.noise``. So an image gets the same
+noise at any batch size or composition (and the same image wherever the matrix products compute a row alike
+whatever the batch: docs/sampling.md "Numerics"), and two models sampling the same position of the same image
+(a drafter and a target) see the same x_T and the same eps_t.
 
 The loop (``sample_mar``) is the reference's: a random order per image (argsort of one uniform per
 position), consumed from its end; the cosine mask schedule, shared by the batch; every remaining token on the
@@ -121,6 +122,13 @@ class MARSample:
     logstd_sum: Optional[torch.Tensor] = None
 
 
+def token_dtype(model) -> torch.dtype:
+    """The dtype of a MAR loop's tokens: the head's chain dtype (float32; float64 for a float64 model)."""
+    from ..models.diffusion import chain_dtype
+
+    return chain_dtype(model.fake_latent.dtype)
+
+
 def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -203,12 +211,14 @@ def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg
     device = model.fake_latent.device
     L, C = model.config.seq_len, model.config.token_embed_dim
     cond = conditions(model, labels, B, cfg != 1.0)
-    tokens = torch.zeros(B, L, C, device=device)
+    dtype = token_dtype(model)
+    tokens = torch.zeros(B, L, C, device=device, dtype=dtype)
     mask = torch.ones(B, L, dtype=torch.bool, device=device)
     orders = sample_orders(seed, image_ids, L)
     stats = MARStats()
-    keep = dict(mean0=torch.zeros(B, L, C, device=device), std0=torch.zeros(B, L, C, device=device),
-                logstd_sum=torch.zeros(B, L, device=device)) if head_stats else None
+    keep = dict(mean0=torch.zeros(B, L, C, device=device, dtype=dtype),
+                std0=torch.zeros(B, L, C, device=device, dtype=dtype),
+                logstd_sum=torch.zeros(B, L, device=device, dtype=dtype)) if head_stats else None
     t_start = time.perf_counter()
     for step in range(num_iter):
         t0 = time.perf_counter()

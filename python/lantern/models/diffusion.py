@@ -33,6 +33,12 @@ TIME_FREQ_DIM = 256  # the sinusoidal timestep embedding's width
 # The denoiser
 
 
+def chain_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The reverse chain's dtype for a net computing in ``dtype``: float32 (the reference's, also under a
+    bfloat16 net), or float64 for a float64 net (tests that must not depend on last-bit rounding)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x * (1 + scale) + shift
 
@@ -167,8 +173,8 @@ class StepOutput:
 
 
 class GaussianDiffusion:
-    """The (possibly respaced) diffusion process: float64 tables, read as float32 per step like the
-    reference. ``timestep_map[i]`` is the original step number of respaced index i.
+    """The (possibly respaced) diffusion process: float64 tables, read in the chain's dtype per step (float32
+    like the reference; float64 for a float64 model). ``timestep_map[i]`` is the original step number of respaced index i.
 
     ``x0_clip`` (None: the reference, no clipping) clamps the predicted x0 to [-x0_clip, x0_clip] before the
     posterior mean. The last training step has sqrt(abar) = 4.9e-5 (beta clipped at 0.999), so the first
@@ -207,12 +213,12 @@ class GaussianDiffusion:
         self._device_tables = {}
 
     def _at(self, table: np.ndarray, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """table[t] as float32 [N, 1] on like's device (broadcasts over channels); the float32 copies are
-        made once per table and device."""
-        key = (id(table), like.device)
+        """table[t] in like's dtype (float32, or float64 for a float64 chain) as [N, 1] on like's device
+        (broadcasts over channels); the copies are made once per table, device and dtype."""
+        key = (id(table), like.device, like.dtype)
         cached = self._device_tables.get(key)
         if cached is None:
-            cached = self._device_tables[key] = torch.from_numpy(table).float().to(like.device)
+            cached = self._device_tables[key] = torch.from_numpy(table).to(like.dtype).to(like.device)
         return cached[t.to(like.device)][:, None]
 
     def original_steps(self, t: torch.Tensor) -> torch.Tensor:
@@ -222,7 +228,7 @@ class GaussianDiffusion:
     def step_distribution(self, net_out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> StepOutput:
         """net_out [N, 2C] (eps, v), x_t [N, C], respaced t [N] -> the reverse step's mean and log variance."""
         C = x_t.shape[1]
-        eps, v = net_out[:, :C].float(), net_out[:, C:].float()
+        eps, v = net_out[:, :C].to(x_t.dtype), net_out[:, C:].to(x_t.dtype)
         min_log = self._at(self.posterior_log_variance_clipped, t, x_t)
         max_log = self._at(self.log_betas, t, x_t)
         frac = (v + 1) / 2
@@ -329,11 +335,11 @@ class DiffLoss(nn.Module):
         z [N, Dd] conditions the net; with ``z_uncond`` [N, Dd] (and any cfg) every step runs the net on
         [x; x] with [z; z_uncond] and uses eps_u + cfg (eps_c - eps_u) with the conditional variance.
         ``noise(t)`` gives eps_t [N, C] for t = T-1 .. 1. ``last_step_noise`` [N, C] (optional) adds
-        std0 * eps_0 at t = 0 (MAR adds none)."""
+        std0 * eps_0 at t = 0 (MAR adds none). The chain runs in ``chain_dtype(z.dtype)``."""
         diffusion = self.gen_diffusion
         N, C = x_T.shape
-        x = x_T.float()
-        logstd_sum = torch.zeros(N, dtype=torch.float32, device=x.device)
+        x = x_T.to(chain_dtype(z.dtype))
+        logstd_sum = torch.zeros(N, dtype=x.dtype, device=x.device)
         step = None
         for t_index in reversed(range(diffusion.num_timesteps)):
             t = torch.full((N,), t_index, dtype=torch.int64, device=x.device)
@@ -355,10 +361,10 @@ class DiffLoss(nn.Module):
         diffusion = self.gen_diffusion
         steps = diffusion.original_steps(t)
         if z_uncond is None:
-            out = self.net(x.to(z.dtype), steps, z).float()
+            out = self.net(x.to(z.dtype), steps, z).to(x.dtype)
         else:
             both = self.net(torch.cat([x, x]).to(z.dtype), torch.cat([steps, steps]),
-                            torch.cat([z, z_uncond])).float()  # [2N, 2C]
+                            torch.cat([z, z_uncond])).to(x.dtype)  # [2N, 2C]
             C = x.shape[1]
             cond, uncond = both[: len(x)], both[len(x):]
             eps = uncond[:, :C] + cfg * (cond[:, :C] - uncond[:, :C])

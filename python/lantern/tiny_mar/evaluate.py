@@ -6,8 +6,8 @@ of its features to the procedural dataset's (the same metric and reference as th
                                         [--sweep [CFG ...]] [--timing] [--reconstruction]
                                         [--png PATH] [--json PATH]
 
-Images are sampled with ``lantern.decoding.sample_mar`` (image i of the run keyed by image id i, so the
-figures do not depend on --batch) and decoded by the KL-tiny autoencoder.
+Images are sampled with ``lantern.decoding.sample_mar`` (image i of the run keyed by image id i, so --batch
+changes them only through the last bits of the matrix products) and decoded by the KL-tiny autoencoder.
 """
 from __future__ import annotations
 
