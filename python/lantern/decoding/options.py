@@ -64,6 +64,13 @@ def cli_message(error: OptionError) -> str:
 
 # -- bounds ------------------------------------------------------------------------------------------------
 
+def _plain(x):
+    """A numpy scalar as the Python number it holds (as the ops read settings: ``ops.checks.plain``)."""
+    from ..ops.checks import plain
+
+    return plain(x)
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -74,17 +81,20 @@ def _is_number(x) -> bool:
 
 def check_int(name: str, value, lo: int, hi: Optional[int] = None, why: str = "") -> None:
     """value must be an int in [lo, hi] (hi None: no upper bound)."""
+    value = _plain(value)
     if not _is_int(value) or value < lo or (hi is not None and value > hi):
         span = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise OptionError(name, f"must be an int {span}{why}, got {value!r}")
 
 
 def check_seed(seed) -> None:
+    seed = _plain(seed)
     if not _is_int(seed) or not 0 <= seed < SEED_END:
         raise OptionError("seed", f"must be an int in [0, 2^64) (the Philox key), got {seed!r}")
 
 
 def check_cfg_interval(cfg_interval) -> None:
+    cfg_interval = _plain(cfg_interval)
     if not _is_int(cfg_interval) or not -1 <= cfg_interval < CFG_INTERVAL_END:
         raise OptionError("cfg_interval", f"must be an int in [-1, 2^31) (-1: guidance at every token), "
                                           f"got {cfg_interval!r}")
@@ -106,6 +116,7 @@ def check_tree_sizes(depth, n_nodes, window, static_widths) -> None:
 
 def check_relaxation(delta, lam) -> None:
     """delta: a total-variation budget in [0, 1]; lam: a multiplicative cap >= 1 (None: delta mode)."""
+    delta, lam = _plain(delta), _plain(lam)
     if not _is_number(delta) or not 0 <= delta <= 1:
         raise OptionError("delta", f"must be a total-variation budget in [0, 1], got {delta!r}")
     if lam is not None and (not _is_number(lam) or not 1 <= lam or not (lam - 1) < FLOAT32_MAX):
@@ -116,6 +127,7 @@ def check_relaxation(delta, lam) -> None:
 def check_mar_settings(cfg, temperature, seed, num_iter=None, seq_len: Optional[int] = None) -> None:
     """MAR's sampling settings: guidance finite with |cfg| <= MAR_MAX_CFG, temperature in (0,
     MAR_MAX_TEMPERATURE], the seed, num_iter an int in [1, seq_len] (a step more predicts nothing)."""
+    cfg, temperature = _plain(cfg), _plain(temperature)
     if not _is_number(cfg) or not abs(cfg) <= MAR_MAX_CFG:  # NaN fails the comparison
         raise OptionError("cfg_scale", f"must be a finite number with |cfg_scale| <= {MAR_MAX_CFG:g} for MAR, got "
                                        f"{cfg!r}")
