@@ -73,3 +73,98 @@ def test_help_explains_the_options():
     text = lantern_cli("generate", "--help")
     for option in ("--method", "--delta", "--k", "--tree", "--cfg-scale", "--top-k", "--json", "--out"):
         assert option in text
+
+
+@pytest.fixture
+def stub_gpt(monkeypatch):
+    """generate_cli's loader replaced by a small random GPT (5 classes, V 64) and a VQ stub over a random
+    codebook; ``loads`` counts the loads, so a test can tell whether an error came before any."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lantern import generate_cli
+    from models.gpt_testing import small_gpt
+
+    loads = []
+    gpt = small_gpt(0)
+    codebook = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    vq = SimpleNamespace(quantize=SimpleNamespace(embedding=SimpleNamespace(weight=codebook)),
+                         decode_codes=lambda tokens, h, w: torch.zeros(tokens.shape[0], 3, 4 * h, 4 * w),
+                         to_uint8=lambda images: images.permute(0, 2, 3, 1).to(torch.uint8))
+
+    def load(args):
+        loads.append(args.model)
+        return gpt, vq, {"sampling": {"cfg_scale": 1.0}}
+
+    monkeypatch.setattr(generate_cli, "_load", load)
+    return loads
+
+
+def generate_stub(tmp_path, *extra):
+    from lantern.cli import main
+
+    return main(["generate", "--model", "checkpoint", "--classes", "1", "--per-class", "1", "--no-progress",
+                 "--out", str(tmp_path / "g.png"), *extra])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "ar", "--tree", "chain"], "--tree does not apply to --method ar"),
+    (["--method", "ar", "--depth", "3"], "--depth does not apply to --method ar"),
+    (["--method", "ar", "--k", "5"], "--k does not apply to --method ar"),
+    (["--method", "ar", "--lam", "2"], "--lam does not apply to --method ar"),
+    (["--method", "spec", "--k", "5"], "--k applies to relaxed acceptance"),
+    (["--method", "spec", "--delta", "0.2"], "--delta applies to relaxed acceptance"),
+    (["--method", "spec", "--lam", "2"], "--lam applies to relaxed acceptance"),
+    (["--method", "spec", "--budget", "node"], "--budget applies to relaxed acceptance"),
+    (["--method", "sjd", "--k", "5"], "--k applies to relaxed acceptance; --method sjd relaxes only with --delta"),
+    (["--method", "sjd", "--depth", "3"], "--depth does not apply to --method sjd"),
+    (["--method", "sjd", "--nodes", "3"], "--nodes does not apply to --method sjd"),
+    (["--method", "lantern", "--tree", "chain", "--nodes", "4"], "--nodes applies to --tree dynamic"),
+    (["--method", "lantern", "--tree", "static", "--depth", "3"], "--depth does not apply to --tree static"),
+    (["--method", "lantern", "--lam", "2", "--budget", "node"], "--budget 'node' applies to delta mode"),
+    (["--method", "lantern", "--gamma", "2"], "--gamma does not apply to --model checkpoint"),
+])
+def test_options_of_other_methods_and_trees_are_refused_before_loading(stub_gpt, tmp_path, args, message):
+    with pytest.raises(SystemExit, match=message):
+        generate_stub(tmp_path, *args)
+    assert stub_gpt == []
+
+
+def test_the_ar_baseline_flag_is_for_speculative_methods(stub_gpt, tmp_path):
+    from lantern.cli import main
+
+    with pytest.raises(SystemExit, match="--no-ar-baseline does not apply to --method ar"):
+        main(["generate", "--method", "ar", "--no-ar-baseline", "--out", str(tmp_path / "g.png")])
+    assert stub_gpt == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "nan"], "--temperature"), (["--temperature", "-1"], "--temperature"),
+    (["--cfg-scale", "inf"], "--cfg-scale"), (["--top-p", "2"], r"--top-p must be in \(0, 1\]"),
+    (["--top-k", "-1"], "--top-k"), (["--seed", "-1"], "--seed"), (["--seed", str(2**64)], "--seed"),
+    (["--cfg-interval", "-2"], "--cfg-interval"),
+    (["--delta", "2"], r"--delta must be a total-variation budget in \[0, 1\]"), (["--lam", "0.5"], "--lam"),
+    (["--depth", "5000"], r"--depth must be an int in \[1, 1023\]"), (["--window", "5000"], "--window"),
+    (["--per-class", "5000"], "--per-class must be >= 1 and at most 1024"), (["--k", "-1"], "--k must be an int >= 0"),
+])
+def test_numeric_options_are_bounded_before_loading(stub_gpt, tmp_path, args, message):
+    with pytest.raises(SystemExit, match=message):
+        generate_stub(tmp_path, "--method", "lantern", *args)
+    assert stub_gpt == []
+
+
+def test_k_beyond_the_codebook_is_refused_before_the_table_is_built(stub_gpt, tmp_path, monkeypatch):
+    import lantern.neighbours
+
+    monkeypatch.setattr(lantern.neighbours, "neighbour_table", lambda *a, **k: pytest.fail("table built"))
+    with pytest.raises(SystemExit, match="--k must be at most the codebook's 64 codes"):
+        generate_stub(tmp_path, "--method", "sjd", "--tree", "chain", "--delta", "0.1", "--k", "65")
+
+
+def test_options_at_the_commands_defaults_and_relaxed_sjd_run(stub_gpt, tmp_path):
+    assert generate_stub(tmp_path, "--method", "ar", "--tree", "auto", "--depth", "5", "--nodes", "58",
+                         "--window", "8") == 0
+    assert generate_stub(tmp_path, "--method", "sjd", "--tree", "chain", "--window", "2", "--delta", "0.1",
+                         "--k", "4") == 0
+    assert stub_gpt == ["checkpoint", "checkpoint"]

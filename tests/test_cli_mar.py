@@ -121,3 +121,53 @@ def test_tiny_mar_cspd_generates(tmp_path):
     f = json.loads(js.read_text())
     for key in ("speedup_vs_ar", "acceptance", "residual_fallbacks", "tau", "class_accuracy", "fd", "ar_class_accuracy"):
         assert key in f
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading a model fails the test: a refusal must come before it."""
+    from lantern import generate_cli, generate_mar_cli
+
+    for module in (generate_cli, generate_mar_cli):
+        monkeypatch.setattr(module, "_load", lambda args: pytest.fail("a model was loaded"))
+
+
+@pytest.mark.parametrize("option", [
+    ["--compile"], ["--dtype", "bfloat16"], ["--lam", "2"], ["--tree", "chain"], ["--nodes", "4"], ["--depth", "3"],
+    ["--k", "5"], ["--draft", "sampled"], ["--budget", "node"], ["--delta", "0.2"], ["--window", "3"],
+    ["--coupling"], ["--init", "sample"], ["--top-p", "0.9"], ["--cfg-interval", "3"], ["--top-k", "10"],
+])
+@pytest.mark.parametrize("method", ["ar", "cspd"])
+def test_mar_refuses_discrete_only_flags_before_loading(no_loading, tmp_path, option, method):
+    with pytest.raises(SystemExit, match=f"{option[0]} does not apply to MAR models"):
+        main(["generate", "--model", "tiny-mar", "--method", method, "--out", str(tmp_path / "m.png"), *option])
+
+
+@pytest.mark.parametrize("option,message", [
+    (["--num-iter", "0"], r"--num-iter must be an int >= 1"), (["--num-iter", "-5"], "--num-iter"),
+    (["--temperature", "nan"], "--temperature"), (["--temperature", "inf"], "--temperature"),
+    (["--temperature", "0"], r"--temperature must be a number in \(0, 1000\]"), (["--cfg-scale", "nan"], "--cfg-scale"),
+    (["--cfg-scale", "inf"], "--cfg-scale"), (["--cfg-scale=-1e4"], "--cfg-scale"), (["--seed", "-1"], "--seed"),
+    (["--seed", str(2**64)], "--seed"), (["--no-ar-baseline"], "--no-ar-baseline applies to --method cspd only"),
+    (["--method", "lantern"], "--method must be 'ar'"), (["--method", "sjd"], "--method must be 'ar'"),
+])
+def test_mar_settings_are_checked_before_loading(no_loading, tmp_path, option, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["generate", "--model", "tiny-mar", "--out", str(tmp_path / "m.png"), *option])
+
+
+@pytest.mark.parametrize("steps", ["abc", "0", "-3", "5000"])
+def test_mar_sampling_steps_are_checked_before_loading(no_loading, tmp_path, steps):
+    with pytest.raises(SystemExit, match=r"--num-sampling-steps must be an int in \[1, 1000\]"):
+        main(["generate", "--model", "mar-checkpoint", "--mar", "m.pth", "--vae", "v.ckpt", "--num-sampling-steps",
+              steps, "--out", str(tmp_path / "m.png")])
+
+
+def test_mar_steps_and_blocks_beyond_the_image_are_refused_before_sampling(files, tmp_path, monkeypatch):
+    from lantern import generate_mar_cli
+
+    monkeypatch.setattr(generate_mar_cli, "_sample", lambda *a, **k: pytest.fail("sampled"))
+    with pytest.raises(SystemExit, match="--num-iter must be at most the image's 64 tokens"):
+        main(_args(files, tmp_path / "c.png", "--num-iter", "65"))
+    with pytest.raises(SystemExit, match="--gamma must be at most the image's 64 tokens"):
+        main(_cspd_args(files, tmp_path / "c.png", "--gamma", "65"))

@@ -116,6 +116,8 @@ def add_method_options(p: argparse.ArgumentParser, run):
     from .generate_mar_cli import add_cspd_options
 
     add_cspd_options(p)
+    # the command's defaults (its own set_defaults included), to tell which options were given
+    p.set_defaults(parser_default=p.get_default)
     return spec
 
 
@@ -148,19 +150,42 @@ MODEL_OPTIONS = {
 MODEL_DEFAULTS = {"gpt_name": "GPT-XL", "image_size": 256, "mar_name": "MAR-B", "vae_name": "KL-16"}
 
 
+MAX_PER_CLASS = 1024  # lantern generate writes one grid; lantern sample makes many images
+# the options whose applicability depends on the model family, method and tree (dests; decoding/options.py
+# names them alike, but for --nodes: n_nodes)
+METHOD_OPTIONS = ("tree", "draft", "depth", "nodes", "k", "delta", "lam", "budget", "window", "coupling", "init",
+                  "compile", "dtype", "top_k", "top_p", "cfg_interval", "no_ar_baseline", "gamma", "rule", "bandwidth",
+                  "sigma_ratio", "prefill", "max_tries", "mar_drafter", "mar_drafter_name")
+
+
 def check_options(args) -> None:
     """Before any model is loaded: every given option applies to the chosen model, the counts are
     positive, and the output files can be written. SystemExit naming the option otherwise. Then the
     defaults of the model options are filled in."""
-    if args.per_class < 1:
-        raise SystemExit(f"--per-class must be >= 1, got {args.per_class}")
+    if not 1 <= args.per_class <= MAX_PER_CLASS:
+        raise SystemExit(f"--per-class must be >= 1 and at most {MAX_PER_CLASS} (one grid; lantern sample makes "
+                         f"many images), got {args.per_class}")
     check_method_options(args)
     check_outputs(args)
 
 
+def is_mar(args) -> bool:
+    return args.model in ("tiny-mar", "mar-checkpoint")
+
+
+def given_options(args) -> dict:
+    """The method options set to something other than the command's defaults (options.py's names)."""
+    default = getattr(args, "parser_default", lambda dest: None)
+    return {"n_nodes" if dest == "nodes" else dest: getattr(args, dest) for dest in METHOD_OPTIONS
+            if hasattr(args, dest) and getattr(args, dest) != default(dest)}
+
+
 def check_method_options(args) -> None:
     """The model and method options of ``generate`` and ``sample``: each given option applies to the chosen
-    model, the counts are positive (SystemExit naming the option otherwise); fills in the model defaults."""
+    model, method and tree (``decoding/options.py``), every number is in its bounds (SystemExit naming the
+    option otherwise); fills in the model defaults and --delta."""
+    from .decoding.options import OptionError, check_applicable, cli_message
+
     for dest, models in MODEL_OPTIONS.items():
         if getattr(args, dest, None) is not None and args.model not in models:
             flag = "--" + dest.replace("_", "-")
@@ -178,11 +203,45 @@ def check_method_options(args) -> None:
     if args.draft == "sampled" and args.tree == "dynamic":
         raise SystemExit("--draft sampled does not apply to --tree dynamic (EAGLE-2 drafts are each node's top "
                          "tokens); use --tree chain or static for sampled drafts")
-    check_jacobi_options(args)
+    try:
+        check_numbers(args)
+        family = "mar" if is_mar(args) else "gpt"
+        check_applicable(family, args.method, given_options(args), tree=args.tree, relaxed=relaxed(args), cli=True)
+    except OptionError as e:
+        raise SystemExit(cli_message(e)) from e
+    if not is_mar(args):
+        check_jacobi_options(args)
+
+
+def check_numbers(args) -> None:
+    """The numeric options' bounds, before any model is loaded (those that depend on the model, --classes,
+    --num-iter's upper bound and --k's, are checked once it is): OptionError."""
+    from .decoding import options as o
+    from .models.mar import NUM_SAMPLING_STEPS_RULE, num_sampling_steps_valid
+
+    o.check_tree_sizes(args.depth, args.nodes, args.window, (1,))
+    o.check_int("k", args.k, 0, None, " (latent neighbours merged at most)")
+    if args.delta is not None or args.lam is not None:
+        o.check_relaxation(0.0 if args.delta is None else args.delta, args.lam)
+    if is_mar(args):
+        o.check_mar_settings(1.0 if args.cfg_scale is None else args.cfg_scale, args.temperature, args.seed,
+                             args.num_iter)
+        if args.num_sampling_steps is not None and not num_sampling_steps_valid(args.num_sampling_steps):
+            raise o.OptionError("num_sampling_steps", f"{NUM_SAMPLING_STEPS_RULE}, got {args.num_sampling_steps!r}")
+        return
+    try:
+        o.check_gpt_sampling(1.0 if args.cfg_scale is None else args.cfg_scale, args.temperature,
+                             0 if args.top_k is None else args.top_k, args.top_p, args.seed, args.cfg_interval, 1,
+                             torch.device("cpu"))
+    except o.OptionError:
+        raise
+    except ValueError as e:  # the ops' checks: "name must ..."
+        name, problem = str(e).split(" ", 1)
+        raise o.OptionError(name, problem) from e
 
 
 def check_jacobi_options(args) -> None:
-    """--method sjd verifies its window as a chain; --window / --coupling / --init apply to it only. Fills in
+    """--method sjd verifies its window as a chain (its other options: ``check_method_options``). Fills in
     --delta: 0.1 for lantern, 0 (exact) for sjd."""
     if args.method == "sjd":
         if args.tree not in ("auto", "chain"):
@@ -190,18 +249,13 @@ def check_jacobi_options(args) -> None:
                              f"{args.tree}")
         if args.draft is not None:
             raise SystemExit("--draft does not apply to --method sjd (its drafts are the target's own samples)")
-    else:
-        for flag, given in (("--window", args.window != 8), ("--coupling", args.coupling),
-                            ("--init", args.init != "repeat")):
-            if given:
-                raise SystemExit(f"{flag} applies to --method sjd only")
     if args.delta is None:
         args.delta = 0.0 if args.method == "sjd" else 0.1
 
 
 def relaxed(args) -> bool:
     """Whether verify relaxes over latent neighbours: lantern, or sjd given a TV budget or a lambda cap."""
-    return args.method == "lantern" or (args.method == "sjd" and (args.delta > 0 or args.lam is not None))
+    return args.method == "lantern" or (args.method == "sjd" and ((args.delta or 0) > 0 or args.lam is not None))
 
 
 def check_outputs(args) -> None:
@@ -250,6 +304,10 @@ def _drafter_and_table(args, gpt, vq):
 
     table = None
     if relaxed(args):
+        V = vq.quantize.embedding.weight.shape[0]
+        if args.k > V:
+            raise SystemExit(f"--k must be at most the codebook's {V} codes (latent neighbours merged at most), got "
+                             f"{args.k}")
         K = max(args.k, 1)
         table = neighbour_table(vq.quantize.embedding.weight, K, normalize=True)
     if args.method == "sjd":
@@ -312,6 +370,9 @@ def run_generate(args: argparse.Namespace) -> int:
     figures = dict(method=args.method, images=len(labels), batch=batch, tokens_per_image=L, **sampling, out=args.out,
                    dtype=str(gpt.tok_embeddings.weight.dtype).replace("torch.", ""))
     chunks = list(labels.split(batch))
+    if args.seed + len(chunks) > 2**64:
+        raise SystemExit(f"--seed: batch i samples with seed + i, so the seed must be below 2^64 - {len(chunks) - 1} "
+                         f"for {len(chunks)} batches, got {args.seed}")
     seeds = [args.seed + i for i in range(len(chunks))]
     options = {}
     compile_stats = [{} for _ in chunks]  # AR: filled by generate_ar

@@ -65,6 +65,8 @@ def _load(args):
 
 
 def _check_options(args) -> None:
+    """What a MAR run refuses (``generate_cli.check_method_options`` checks these and the rest, for generate and
+    sample, before any model is loaded)."""
     if args.method not in ("ar", "cspd"):
         raise SystemExit(f"--method {args.method} is for the discrete models; MAR samples with its own loop "
                          f"(--method ar) or with continuous speculative decoding (--method cspd)")
@@ -94,7 +96,17 @@ def mar_settings(args, mar, defaults: dict, config):
     CSpD (``config`` given) defaults to one token per MAR step, as the paper (its speed comes from drafting
     those steps)."""
     cfg = args.cfg_scale if args.cfg_scale is not None else defaults["cfg"]
-    num_iter = args.num_iter or (mar.config.seq_len if config is not None else defaults["num_iter"])
+    L = mar.config.seq_len
+    if args.num_iter is None:
+        num_iter = L if config is not None else min(defaults["num_iter"], L)
+    elif args.num_iter > L:
+        raise SystemExit(f"--num-iter must be at most the image's {L} tokens (a MAR step predicts at least one), "
+                         f"got {args.num_iter}")
+    else:
+        num_iter = args.num_iter
+    if config is not None and config.gamma > L:
+        raise SystemExit(f"--gamma must be at most the image's {L} tokens (drafted MAR steps per block), got "
+                         f"{config.gamma}")
     return cfg, num_iter, args.cfg_schedule or defaults["cfg_schedule"]
 
 

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 TINY_DIR = Path(__file__).resolve().parent / "weights" / "tiny"
+MAX_DRAFTER_LAYERS = 16  # layers of the drafter a file may ask for (the shipped one has 1)
 
 
 @dataclass
@@ -44,13 +45,18 @@ def load_tiny_drafter(gpt, directory: Path = TINY_DIR):
     from safetensors.torch import load_file
 
     from .models.drafter import EagleDrafter
+    from .models.loading import check_finite
 
     path = directory / "drafter.safetensors"
     if not path.exists():
         raise FileNotFoundError(f"the tiny drafter is missing: {path} (train it with python -m lantern.train_drafter)")
     with safe_open(str(path), "pt") as f:
-        n_layer = int((f.metadata() or {}).get("n_layer", 1))
-    drafter = EagleDrafter(gpt.config, n_layer=n_layer)
-    drafter.load_state_dict(load_file(str(path)), strict=True)
+        n_layer = (f.metadata() or {}).get("n_layer", "1")
+    if not (n_layer.isascii() and n_layer.isdigit() and 1 <= int(n_layer) <= MAX_DRAFTER_LAYERS):
+        raise ValueError(f"{path}: its metadata n_layer must be an int in [1, {MAX_DRAFTER_LAYERS}], got {n_layer!r}")
+    drafter = EagleDrafter(gpt.config, n_layer=int(n_layer))
+    state = load_file(str(path))
+    check_finite(state, str(path))
+    drafter.load_state_dict(state, strict=True)
     weight = gpt.tok_embeddings.weight
     return drafter.to(device=weight.device, dtype=weight.dtype).bind(gpt).eval()

@@ -3,6 +3,7 @@ the mask and guidance schedules, the same image at any batch size / order, ident
 at the same position, the head statistics, and lantern.generate's dispatch."""
 import copy
 import math
+import time
 
 import numpy as np
 import pytest
@@ -170,3 +171,40 @@ def test_bad_arguments(model):
         sample_mar(model, torch.tensor([1, 2]), image_ids=torch.tensor([0]))
     with pytest.raises(ValueError, match="cfg_schedule"):
         sample_mar(model, torch.tensor([1]), cfg=2.0, cfg_schedule="cosine")
+
+
+def test_threads_sampling_one_model_get_the_images_they_get_alone(model):
+    """A MAR model holds no decoding state (no cache): concurrent calls need no guard. One intra-op thread, so
+    that every run's matrix products round alike."""
+    import threading
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runs = [dict(labels=torch.tensor([1, 2, 3]), seed=1, cfg=2.0), dict(labels=torch.tensor([0]), seed=2),
+                dict(labels=torch.tensor([4, 4]), seed=3, temperature=0.7)]
+        sample = lambda run: sample_mar(model, run["labels"], num_iter=4, seed=run["seed"], cfg=run.get("cfg", 1.0),
+                                        temperature=run.get("temperature", 1.0),
+                                        on_step=lambda s, n: time.sleep(0.002)).tokens
+
+        def in_threads(together):
+            out, start = [None] * len(runs), threading.Barrier(len(runs) if together else 1)
+
+            def worker(i):
+                start.wait()
+                out[i] = sample(runs[i])
+
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(runs))]
+            for t in threads:
+                t.start()
+                if not together:
+                    t.join()
+            for t in threads:
+                t.join(timeout=600)
+            return out
+
+        alone = in_threads(False)
+        for want, got in zip(alone, in_threads(True)):
+            assert torch.equal(got, want)
+    finally:
+        torch.set_num_threads(before)

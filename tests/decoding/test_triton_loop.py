@@ -51,9 +51,12 @@ def run(models, setting):
     labels = torch.tensor([1, 7])
     options = dict(SETTINGS[setting])
     method = options.pop("method")
+    if method != "ar":  # lantern.generate refuses what a method does not use
+        options["drafter"] = drafter
+    if method == "lantern":
+        options["neighbours"] = table
     with torch.no_grad():
-        tokens, _ = lantern.generate(target, labels, method=method, drafter=drafter, neighbours=table,
-                                     length=LENGTH, **options)
+        tokens, _ = lantern.generate(target, labels, method=method, length=LENGTH, **options)
     return tokens
 
 

@@ -131,3 +131,76 @@ def test_unknown_config_and_bad_buffer():
         build_mar("MAR-tiny", buffer_size=0)
     with pytest.raises(ValueError, match="unknown MARConfig fields"):
         build_mar("MAR-tiny", buffer=3)
+
+
+def _forbid_building(monkeypatch):
+    """Building a MAR fails the test: a refusal must come before the model is built."""
+    import lantern.models.mar_loading as mar_loading
+
+    monkeypatch.setattr(mar_loading, "build_mar", lambda *a, **k: pytest.fail("a model was built"))
+
+
+@pytest.mark.parametrize("extra", ["diffloss.net.res_blocks.1000000.x", "diffloss.net.res_blocks.7.x"])
+def test_a_stray_head_block_is_refused_before_anything_is_built(monkeypatch, extra):
+    state = dict(small_mar(0).state_dict())  # res_blocks 0 and 1
+    state[extra] = torch.zeros(1)
+    _forbid_building(monkeypatch)
+    with pytest.raises(ValueError, match=rf"unexpected key '{extra}'.*numbered 0 \.\. d-1"):
+        load_mar(state, "MAR-tiny", **{k: v for k, v in SMALL.items() if not k.startswith("diffloss")})
+
+
+def test_head_sizes_read_from_a_file_are_bounded(monkeypatch):
+    from lantern.models.mar_loading import MAX_DIFFLOSS_D, MAX_DIFFLOSS_W
+
+    _forbid_building(monkeypatch)
+    deep = {f"diffloss.net.res_blocks.{i}.x": torch.empty(1, device="meta") for i in range(MAX_DIFFLOSS_D + 1)}
+    with pytest.raises(ValueError, match=f"the head has {MAX_DIFFLOSS_D + 1} res_blocks"):
+        load_mar(deep, "MAR-tiny")
+    wide = {"diffloss.net.input_proj.weight": torch.empty(MAX_DIFFLOSS_W + 1, 16, device="meta")}
+    with pytest.raises(ValueError, match=r"head width must be in \[1, 8192\]"):
+        load_mar(wide, "MAR-tiny")
+    for name, value in (("diffloss_d", 0), ("diffloss_d", 10**6), ("diffloss_w", 10**9), ("diffloss_d", 2.0)):
+        with pytest.raises(ValueError, match=name):
+            load_mar({}, "MAR-tiny", **{name: value})
+
+
+def test_a_tensor_repeating_its_bytes_is_refused(tmp_path):
+    state = dict(small_mar(0).state_dict())
+    # 1 stored float declared as the whole embedding: converting it would allocate the declared shape
+    state["mask_token"] = torch.zeros(1).expand(*state["mask_token"].shape)
+    path = tmp_path / "checkpoint-last.pth"
+    torch.save({"model_ema": state}, path)
+    with pytest.raises(ValueError, match=r"tensor 'mask_token' .* 4 bytes of data for 24 torch.float32 elements"):
+        load_mar(path, "MAR-tiny", **SMALL)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, value):
+    state = dict(small_mar(0).state_dict())
+    state["diffloss.net.res_blocks.1.mlp.0.weight"] = state["diffloss.net.res_blocks.1.mlp.0.weight"].clone()
+    state["diffloss.net.res_blocks.1.mlp.0.weight"][3, 2] = value
+    kind = "NaN" if value != value else "inf"
+    with pytest.raises(ValueError, match=rf"'diffloss.net.res_blocks.1.mlp.0.weight' holds {kind} values"):
+        load_mar(state, "MAR-tiny", **SMALL)
+    vae = dict(build_vae("KL-tiny").state_dict())
+    vae["decoder.conv_in.bias"] = vae["decoder.conv_in.bias"].clone()
+    vae["decoder.conv_in.bias"][0] = value
+    torch.save({"model": vae}, tmp_path / "kl.ckpt")
+    with pytest.raises(ValueError, match=rf"'decoder.conv_in.bias' holds {kind} values"):
+        load_vae(tmp_path / "kl.ckpt", "KL-tiny")
+
+
+def test_weights_that_overflow_the_asked_dtype_are_refused():
+    state = dict(small_mar(0).state_dict())
+    state["z_proj.bias"] = state["z_proj.bias"].clone()
+    state["z_proj.bias"][0] = 1e5  # finite in float32, inf in float16
+    assert load_mar(state, "MAR-tiny", **SMALL).z_proj.bias[0] == 1e5
+    with pytest.raises(ValueError, match=r"'z_proj.bias' holds inf values \(as torch.float16\)"):
+        load_mar(state, "MAR-tiny", dtype=torch.float16, **SMALL)
+
+
+def test_sampling_steps_must_be_a_step_count():
+    for steps in ("abc", "0", "-3", "5000", "", "1.5", True):
+        with pytest.raises(ValueError, match=r"num_sampling_steps must be an int in \[1, 1000\]"):
+            build_mar("MAR-tiny", **{**SMALL, "num_sampling_steps": steps})
+    assert build_mar("MAR-tiny", **{**SMALL, "num_sampling_steps": 7}).diffloss.gen_diffusion.num_timesteps == 7

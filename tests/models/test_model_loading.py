@@ -138,3 +138,53 @@ def test_vq_full_and_decoder_only(tmp_path):
         load_vq(broken, "VQ-tiny", decoder_only=True)
     with pytest.raises(ValueError, match="missing keys"):
         load_vq({k: v for k, v in state.items() if not k.startswith("encoder.")}, "VQ-tiny")  # full needs encoder
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_gpt_and_vq_weights_are_refused_naming_the_tensor(tmp_path, source, value):
+    _, state = source
+    bad = dict(state, **{"layers.1.attention.wqkv.weight": state["layers.1.attention.wqkv.weight"].clone()})
+    bad["layers.1.attention.wqkv.weight"][5, 7] = value
+    kind = "NaN" if value != value else "inf"
+    save_file({k: v.contiguous() for k, v in bad.items()}, str(tmp_path / "gpt.safetensors"))
+    with pytest.raises(ValueError, match=rf"'layers.1.attention.wqkv.weight' holds {kind} values"):
+        load_gpt(str(tmp_path / "gpt.safetensors"), "GPT-tiny", **SMALL)
+    torch.manual_seed(0)
+    vq = dict(build_vq("VQ-tiny").state_dict())
+    vq["quantize.embedding.weight"] = vq["quantize.embedding.weight"].clone()
+    vq["quantize.embedding.weight"][9, 0] = value
+    for decoder_only in (False, True):
+        with pytest.raises(ValueError, match=rf"'quantize.embedding.weight' holds {kind} values"):
+            load_vq(vq, "VQ-tiny", decoder_only=decoder_only)
+
+
+def test_a_gpt_tensor_repeating_its_bytes_is_refused(tmp_path, source):
+    _, state = source
+    bad = dict(state, **{"tok_embeddings.weight": torch.zeros(1).expand(*state["tok_embeddings.weight"].shape)})
+    torch.save({"model": bad}, tmp_path / "gpt.pt")
+    with pytest.raises(ValueError, match="tensor 'tok_embeddings.weight' .* bytes of data for"):
+        load_gpt(tmp_path / "gpt.pt", "GPT-tiny", **SMALL)
+    load_gpt(state, "GPT-tiny", **SMALL)  # the saved weights themselves load
+
+
+def _drafter_dir(tmp_path, gpt, n_layer="1", poison=None):
+    from lantern.models.drafter import EagleDrafter
+
+    torch.manual_seed(0)
+    state = {k: v.clone().contiguous() for k, v in EagleDrafter(gpt.config, n_layer=1).state_dict().items()}
+    if poison is not None:
+        state[poison].view(-1)[0] = float("nan")
+    save_file(state, str(tmp_path / "drafter.safetensors"), metadata={"n_layer": n_layer})
+    return tmp_path
+
+
+def test_drafter_files_are_checked_before_the_drafter_is_built(tmp_path, source):
+    from lantern.pretrained import load_tiny_drafter
+
+    gpt = small_gpt(7)
+    assert load_tiny_drafter(gpt, _drafter_dir(tmp_path, gpt)) is not None
+    for n_layer in ("1000000", "0", "x", "-1"):
+        with pytest.raises(ValueError, match=r"n_layer must be an int in \[1, 16\]"):
+            load_tiny_drafter(gpt, _drafter_dir(tmp_path, gpt, n_layer=n_layer))
+    with pytest.raises(ValueError, match=r"'fc.weight' holds NaN values"):
+        load_tiny_drafter(gpt, _drafter_dir(tmp_path, gpt, poison="fc.weight"))

@@ -4,6 +4,7 @@ from .ar import generate_ar, sample_next
 from .costs import CostModel
 from .cspd import CSpDConfig, CSpDSample, CSpDStats, generate_cspd
 from .mar import MARSample, MARStats, generate_mar, sample_mar
+from .options import check_applicable
 from .planner import Plan, Planner, candidate_plans
 from .spec import SpecConfig, SpecStats, generate_spec, resolve_cost_model
 
@@ -12,17 +13,22 @@ __all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfi
            "generate_cspd", "CSpDConfig", "CSpDStats", "CSpDSample"]
 
 
-def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbours=None, tree: str = "auto",
-             k: int = 1000, delta: float = 0.1, lam=None, budget: str = "candidate", cfg_scale=1.0,
-             temperature=1.0, top_k=0, top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None,
-             emb_masks=None, compile=False, image_ids=None, **tree_options):
-    """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed) | "sjd" (Jacobi
-    self-drafting: no drafter; exact, or relaxed like "lantern" when given ``neighbours``) for GPT models;
-    "cspd" (continuous speculative decoding) for MAR models.
+# the defaults of generate's own keywords, against which "given" is told (options.check_applicable)
+_DEFAULTS = dict(drafter=None, neighbours=None, tree="auto", k=1000, delta=0.1, lam=None, budget="candidate",
+                 top_k=0, top_p=1.0, cfg_interval=-1, length=None, emb_masks=None, compile=False)
+
+
+def generate(model, cond_idx, *, method=None, drafter=None, neighbours=None, tree: str = "auto", k: int = 1000,
+             delta: float = 0.1, lam=None, budget: str = "candidate", cfg_scale=1.0, temperature=1.0, top_k=0,
+             top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None, emb_masks=None, compile=False,
+             image_ids=None, **options):
+    """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed, the default) |
+    "sjd" (Jacobi self-drafting: no drafter; exact, or relaxed like "lantern" when given ``neighbours``) for
+    GPT models; "ar" (MAR's own loop, the default) | "cspd" (continuous speculative decoding) for MAR models.
     Returns (tokens [B, L], SpecStats or None for AR); L = ``length`` (default: the whole image).
     tree: "auto" (the planner picks each step's tree, or a plain AR step, from the device's measured costs
     and the run's acceptance), "chain", "static" or "dynamic".
-    tree_options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft, cost_model, plans; for
+    options go to SpecConfig (depth, n_nodes, top_per_node, static_widths, draft, cost_model, plans; for
     "sjd": window, coupling, init, with tree "auto" or "chain" = every step the whole window; docs/sjd.md).
     emb_masks [B, C] (t2i GPT): which caption positions are real (1) or padding (0), see ``generate_ar``.
     image_ids [B] (integers in [0, 2^32), default 0..B-1): each image's key in the Philox stream of every draw
@@ -35,37 +41,66 @@ def generate(model, cond_idx, *, method: str = "lantern", drafter=None, neighbou
     A transformers model wrapped by ``lantern.hf.wrap`` takes the prompt ids as cond_idx (keywords
     attention_mask, negative_prompt_ids, ...) and returns image codes: ``lantern.hf.generate``.
     A MAR model (``model.family == "mar"``) samples with ``sample_mar``: -> (tokens [B, L, C], MARStats);
-    its options (num_iter, cfg_schedule, ...) are passed as keywords. With method="cspd" and a MAR
-    drafter it samples with ``generate_cspd``: -> (tokens [B, L, C], CSpDStats); keywords gamma, rule,
-    bandwidth, sigma_ratio, prefill, max_tries, last_step_noise (``CSpDConfig``) and num_iter, cfg_schedule,
-    on_step."""
+    its options (num_iter, cfg_schedule, last_step_noise, ...) are passed as keywords. With method="cspd" and
+    a MAR drafter it samples with ``generate_cspd``: -> (tokens [B, L, C], CSpDStats); keywords gamma, rule,
+    bandwidth, sigma_ratio, prefill, max_tries, last_step_noise, align (``CSpDConfig``) and num_iter,
+    cfg_schedule, on_step.
+
+    An option that does not apply to the model, method or tree (a GPT option for MAR, window for "spec", lam
+    for "sjd" without a neighbour table, n_nodes for a chain, ...) is refused with a ValueError naming it when
+    it is given a value other than its default (``options.py``). One call at a time per GPT model: a call from
+    another thread on the same model or drafter waits for it (``exclusive.py``)."""
     if getattr(model, "family", None) == "hf":  # a transformers model wrapped by lantern.hf.wrap
-        return model.generate(cond_idx, method=method, drafter=drafter, neighbours=neighbours, tree=tree, k=k,
+        return model.generate(cond_idx, method=method or "lantern", drafter=drafter, neighbours=neighbours, tree=tree, k=k,
                               delta=delta, lam=lam, budget=budget, cfg_scale=cfg_scale, temperature=temperature,
                               top_k=top_k, top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length,
-                              emb_masks=emb_masks, compile=compile, image_ids=image_ids, **tree_options)
-    if getattr(model, "family", None) == "mar":
+                              emb_masks=emb_masks, compile=compile, image_ids=image_ids, **options)
+    family = "mar" if getattr(model, "family", None) == "mar" else "gpt"
+    if method is None:
+        method = "ar" if family == "mar" else "lantern"
+    values = dict(drafter=drafter, neighbours=neighbours, tree=tree, k=k, delta=delta, lam=lam, budget=budget,
+                  top_k=top_k, top_p=top_p, cfg_interval=cfg_interval, length=length, emb_masks=emb_masks,
+                  compile=compile)
+    given = {name: v for name, v in values.items() if not _is_default(v, _DEFAULTS[name])}
+    # a config keyword at its default asks for nothing: it is dropped (a MAR run is never passed SpecConfig's)
+    options = {name: v for name, v in options.items() if name not in _CONFIG_DEFAULTS
+               or not _is_default(v, _CONFIG_DEFAULTS[name])}
+    given.update(options)
+    relaxed = method == "lantern" or (method == "sjd" and neighbours is not None)
+    check_applicable(family, method, given, tree=tree, relaxed=relaxed)
+    if family == "mar":
         if image_ids is not None:
-            tree_options["image_ids"] = image_ids
-        if emb_masks is not None:
-            raise ValueError("emb_masks (caption padding) is for t2i GPT models, not MAR")
-        if compile:
-            raise ValueError("compile is for GPT models (AR and speculative decoding), not MAR")
+            options["image_ids"] = image_ids
         if method == "cspd":
-            return _generate_cspd(model, drafter, cond_idx, cfg_scale, temperature, seed, tree_options)
+            return _generate_cspd(model, drafter, cond_idx, cfg_scale, temperature, seed, options)
         return generate_mar(model, cond_idx, drafter=drafter, cfg_scale=cfg_scale, temperature=temperature,
-                            seed=seed, **tree_options)
-    if method == "cspd":
-        raise ValueError("method='cspd' (continuous speculative decoding) is for MAR models")
+                            seed=seed, **options)
     if method == "ar":
         return generate_ar(model, cond_idx, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                            top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length,
                            emb_masks=emb_masks, compile=compile, image_ids=image_ids), None
     config = SpecConfig(method=method, tree=tree, k=k, delta=delta, lam=lam, budget=budget, compile=compile,
-                        **tree_options)
+                        **options)
     return generate_spec(model, drafter, cond_idx, neighbours, config=config, cfg_scale=cfg_scale,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, length=length,
                          cfg_interval=cfg_interval, emb_masks=emb_masks, image_ids=image_ids)
+
+
+# the defaults of the keywords that go to SpecConfig or CSpDConfig
+_CONFIG_DEFAULTS = {name: f.default for cls in (CSpDConfig, SpecConfig) for name, f in cls.__dataclass_fields__.items()}
+
+
+def _is_default(value, default) -> bool:
+    """Whether a keyword holds its default: the same object, or an equal number, string or tuple of them (a
+    bool only as itself; a tensor never)."""
+    if value is default:
+        return True
+    if isinstance(value, bool) or isinstance(default, bool):
+        return False
+    if isinstance(value, (tuple, list)) and isinstance(default, (tuple, list)):
+        return len(value) == len(default) and all(_is_default(v, d) for v, d in zip(value, default))
+    plain = (int, float, str)
+    return isinstance(value, plain) and isinstance(default, plain) and value == default
 
 
 def _generate_cspd(model, drafter, labels, cfg_scale, temperature, seed, options: dict):

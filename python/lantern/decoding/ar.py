@@ -15,6 +15,8 @@ import torch
 from .. import ops
 from ..models.gpt import check_emb_masks
 from .compiled import CompileStats, compile_options, compiled_models
+from .exclusive import holds_models
+from .options import check_gpt_sampling
 
 Number = Union[int, float, torch.Tensor]
 
@@ -100,6 +102,7 @@ def check_length(length: Optional[int], block_size: int) -> int:
     return length
 
 
+@holds_models("model")
 @torch.no_grad()
 def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, temperature: Number = 1.0,
                 top_k: Number = 0, top_p: Number = 1.0, cfg_interval: int = -1, seed: int = 0,
@@ -119,15 +122,17 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     CUDA graphs on a GPU), a dict passes those torch.compile options (``compiled.py``); the prefill stays
     eager. ``stats``, a dict, receives compile_s (the first call of each new graph, compile included) and
     compiled_graphs. ``image_ids`` [B] (default 0..B-1): each image's Philox row key, so an image's tokens
-    depend on its id, not on its place in the batch (SPEC §5)."""
+    depend on its id, not on its place in the batch (SPEC §5). One call at a time per model: a call from
+    another thread on the same model waits for this one (``exclusive.py``)."""
     check_condition(model, cond_idx)
     B = cond_idx.shape[0]
     L, C = check_length(length, model.config.block_size), model.config.cond_len
+    device = model.tok_embeddings.weight.device
+    check_gpt_sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval, B, device)
     guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
     masks = condition_masks(model, cond_idx, emb_masks, guided)
     cond = model.double_for_cfg(cond_idx) if guided else cond_idx
     rows = cond.shape[0]
-    device = model.tok_embeddings.weight.device
     keys = check_image_ids(image_ids, B, device)
     model.setup_cache(rows, C + L)
     cache_len = torch.zeros(rows, dtype=torch.int64, device=device)

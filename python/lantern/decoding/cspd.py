@@ -28,8 +28,9 @@ import torch
 from .. import ops
 from ..ops.checks_continuous import check_settings
 from ..ops.reference.continuous_verify import DEFAULT_MAX_TRIES, capped
-from .mar import (cfg_scale_at, check_sampling, conditions, forward_guided, predict_positions, sample_orders,
-                  step_positions, sync_device, token_dtype)
+from .mar import (cfg_scale_at, check_finite_tokens, check_flag, check_sampling, conditions, forward_guided,
+                  predict_positions, sample_orders, step_positions, sync_device, token_dtype)
+from .options import OptionError
 
 DEFAULT_PREFILL = 0.05
 DEFAULT_GAMMA = 8
@@ -53,8 +54,11 @@ class CSpDConfig:
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
             raise ValueError(f"gamma must be an int >= 1 (drafted MAR steps per block), got {self.gamma!r}")
         check_settings(self.rule, self.bandwidth, self.sigma_ratio, self.max_tries)
-        if not (isinstance(self.prefill, (int, float)) and 0.0 <= self.prefill < 1.0):
+        if isinstance(self.prefill, bool) or not (isinstance(self.prefill, (int, float)) and 0.0 <= self.prefill < 1.0):
             raise ValueError(f"prefill must be a fraction in [0, 1), got {self.prefill!r}")
+        if self.last_step_noise is not None:
+            check_flag("last_step_noise", self.last_step_noise)
+        check_flag("align", self.align)
         if self.rule == "exact" and self.last_step_noise is False:
             raise ValueError("rule='exact' needs last_step_noise=True: it compares the two heads' last-step "
                              "Gaussians, which MAR's noiseless last step (a point mass at the mean) does not have")
@@ -336,7 +340,12 @@ def generate_cspd(target, drafter, labels: Optional[torch.Tensor], *, num_iter: 
     config.check()
     check_pair(target, drafter)
     num_iter = target.config.seq_len if num_iter is None else num_iter
-    B, image_ids = check_sampling(target, labels, batch, num_iter, temperature, cfg_schedule, image_ids)
+    B, image_ids = check_sampling(target, labels, batch, num_iter, temperature, cfg_schedule, image_ids, cfg=cfg,
+                                  seed=seed)
+    L = target.config.seq_len
+    if config.gamma > L:
+        raise OptionError("gamma", f"must be at most the image's {L} tokens (drafted MAR steps per block; a run "
+                                   f"has at most one step per token), got {config.gamma}")
     run = CSpDRun(target, drafter, labels, B, image_ids, num_iter, config, cfg, cfg_schedule, temperature, seed)
     tokens = torch.zeros(B, run.L, run.C, device=run.device, dtype=run.dtype)
     mask = torch.ones(B, run.L, dtype=torch.bool, device=run.device)
@@ -355,7 +364,7 @@ def generate_cspd(target, drafter, labels: Optional[torch.Tensor], *, num_iter: 
         if on_step is not None:
             on_step(end - 1, int(drafted[0].sum()))
     run.stats.wall_s = time.perf_counter() - t_start
-    return CSpDSample(tokens=tokens, stats=run.stats)
+    return CSpDSample(tokens=check_finite_tokens(tokens), stats=run.stats)
 
 
 # ---- one block from a given context (the statistical tests and bench/bench_cspd.py) ------------------------

@@ -25,6 +25,7 @@ from .. import ops
 from ..ops.reference.noise import (MAX_CHANNELS, PURPOSE_ACCEPT, PURPOSE_EPS, PURPOSE_EPS_0,  # noqa: F401
                                    PURPOSE_ORDER, PURPOSE_RESIDUAL, PURPOSE_X_T, box_muller, noise_counters)
 from .ar import check_class_ids, check_image_ids
+from .options import OptionError, check_int, check_mar_settings
 
 IntOrTensor = Union[int, torch.Tensor]
 
@@ -153,21 +154,40 @@ def predict_positions(model, z: torch.Tensor, z_uncond: Optional[torch.Tensor], 
 
 
 def check_sampling(model, labels: Optional[torch.Tensor], batch: Optional[int], num_iter: int, temperature: float,
-                   cfg_schedule: str, image_ids: Optional[torch.Tensor]):
-    """The arguments every MAR loop shares -> (B, image_ids [B] int64 on the model's device)."""
+                   cfg_schedule: str, image_ids: Optional[torch.Tensor], *, cfg: float = 1.0, seed: int = 0):
+    """The arguments every MAR loop shares (``options.check_mar_settings``: bounded guidance and temperature,
+    1 <= num_iter <= L) -> (B, image_ids [B] int64 on the model's device)."""
     device = model.fake_latent.device
-    B = labels.shape[0] if labels is not None else batch
-    if B is None or B < 1:
-        raise ValueError("MAR sampling needs labels [B] or batch >= 1")
     if labels is not None:
+        if batch is not None:
+            raise ValueError("batch is for unconditional sampling (labels None); with labels B is their count")
         check_class_ids("labels", labels, model.config.class_num, "the model's class_num")
-    if num_iter < 1:
-        raise ValueError(f"num_iter must be >= 1, got {num_iter}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+        B = labels.shape[0]
+        if B < 1:
+            raise ValueError("labels must hold at least one class id (an empty batch)")
+    else:
+        if batch is None:
+            raise ValueError("MAR sampling needs labels [B] or batch >= 1")
+        check_int("batch", batch, 1, None, " (images to sample unconditionally)")
+        B = batch
+    check_mar_settings(cfg, temperature, seed, num_iter, model.config.seq_len)
     cfg_scale_at(1.0, cfg_schedule, 1, 0)  # validates the schedule name
     image_ids = check_image_ids(image_ids, B, device)
     return B, torch.arange(B, device=device) if image_ids is None else image_ids
+
+
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise OptionError(name, f"must be a bool (True or False), got {value!r}")
+
+
+def check_finite_tokens(tokens: torch.Tensor) -> torch.Tensor:
+    """tokens, or RuntimeError when some is NaN or inf (broken weights, or settings the head's arithmetic
+    cannot carry): one host read after the loop."""
+    if not bool(torch.isfinite(tokens).all()):
+        raise RuntimeError("the MAR model produced NaN or inf tokens (broken weights or inputs); the sampled tokens "
+                           "are not valid")
+    return tokens
 
 
 def conditions(model, labels: Optional[torch.Tensor], B: int, guided: bool) -> torch.Tensor:
@@ -195,8 +215,11 @@ def step_positions(seq_len: int, num_iter: int, step: int, mask: torch.Tensor, o
     return mask_len, mask_next, to_predict
 
 
+DEFAULT_NUM_ITER = 64  # the released models' demo setting
+
+
 @torch.no_grad()
-def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg: float = 1.0,
+def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: Optional[int] = None, cfg: float = 1.0,
                cfg_schedule: str = "linear", temperature: float = 1.0, seed: int = 0,
                image_ids: Optional[torch.Tensor] = None, batch: Optional[int] = None, last_step_noise: bool = False,
                head_stats: bool = False, on_step: Optional[Callable[[int, int], None]] = None) -> MARSample:
@@ -206,8 +229,14 @@ def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg
     images' indices in the whole run, which key all their noise; pass them when a run is split into
     batches. cfg != 1 doubles the transformer batch (the unconditional half sees the same tokens) and
     guides eps in each diffusion step; cfg_schedule "linear" | "constant". ``on_step(step, n_tokens)`` after
-    each MAR step (progress bars)."""
-    B, image_ids = check_sampling(model, labels, batch, num_iter, temperature, cfg_schedule, image_ids)
+    each MAR step (progress bars). num_iter: MAR steps, in [1, L] (default 64, or L for a shorter image).
+    RuntimeError if the tokens come out NaN or inf."""
+    if num_iter is None:
+        num_iter = min(DEFAULT_NUM_ITER, model.config.seq_len)
+    B, image_ids = check_sampling(model, labels, batch, num_iter, temperature, cfg_schedule, image_ids, cfg=cfg,
+                                  seed=seed)
+    check_flag("last_step_noise", last_step_noise)
+    check_flag("head_stats", head_stats)
     device = model.fake_latent.device
     L, C = model.config.seq_len, model.config.token_embed_dim
     cond = conditions(model, labels, B, cfg != 1.0)
@@ -249,7 +278,7 @@ def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: int = 64, cfg
         if on_step is not None:
             on_step(step, n_new)
     stats.wall_s = time.perf_counter() - t_start
-    return MARSample(tokens=tokens, stats=stats, **(keep or {}))
+    return MARSample(tokens=check_finite_tokens(tokens), stats=stats, **(keep or {}))
 
 
 def generate_mar(model, labels: Optional[torch.Tensor], *, drafter=None, cfg_scale: float = 1.0,

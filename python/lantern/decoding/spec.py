@@ -36,7 +36,9 @@ from .ar import (check_condition, check_image_ids, check_length, condition_masks
                  sample_next)
 from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
 from .costs import CostModel, cache_key, cached_cost_model
+from .exclusive import holds_models
 from .jacobi import FRESH_INITS, JacobiWindow
+from .options import check_gpt_sampling, check_spec_config
 from .planner import AR_PLAN, AcceptanceModel, Plan, Planner, candidate_plans, jacobi_plan, jacobi_plans, measured_rates
 from .trees import (DraftScorer, grow_chain, grow_dynamic, grow_static, guided_logits, static_shape,
                     unguided_past_interval)
@@ -516,6 +518,7 @@ def _figures(n_emit, accept_len, active, to_go, depth: int, broken) -> torch.Ten
     return torch.cat([head, hits, trials])
 
 
+@holds_models("target", "drafter")
 @torch.no_grad()
 def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[torch.Tensor] = None, *,
                   config: SpecConfig = SpecConfig(), cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0,
@@ -535,6 +538,7 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     L = check_length(length, target.config.block_size)
     check_condition(target, cond_idx)
     check_config(config, neighbours, target.config.vocab_size, drafter)
+    check_gpt_sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval, cond_idx.shape[0], device)
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     keyed = dataclasses.replace(sampling, rows=check_image_ids(image_ids, cond_idx.shape[0], device))
     condition_masks(target, cond_idx, emb_masks, sampling.guided)  # bad masks fail before any calibration
@@ -594,6 +598,7 @@ def check_config(config: SpecConfig, neighbours, vocab: int, drafter=None) -> No
                          f"node), got {widths!r}")
     if config.method == "lantern" and config.k > 0 and neighbours is None:
         raise ValueError("method='lantern' needs the neighbour table (lantern.ops.latent_neighbours)")
+    check_spec_config(config, neighbours, relaxed_acceptance(config, neighbours))
     _check_neighbour_ids(config, neighbours, vocab)
 
 
@@ -755,10 +760,11 @@ def _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, 
     progress = None if on_step is None else (lambda step: on_step(torch.ones(B, dtype=torch.int64))
                                              if step >= 1 else None)
     compile_stats: dict = {}
-    tokens = generate_ar(target, cond_idx, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
-                         top_k=sampling.top_k, top_p=sampling.top_p, cfg_interval=sampling.cfg_interval,
-                         seed=sampling.seed, on_token=progress, length=L, emb_masks=emb_masks,
-                         compile=config.compile, stats=compile_stats, image_ids=sampling.rows)
+    # generate_spec holds the target already
+    tokens = generate_ar.unguarded(target, cond_idx, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
+                                   top_k=sampling.top_k, top_p=sampling.top_p, cfg_interval=sampling.cfg_interval,
+                                   seed=sampling.seed, on_token=progress, length=L, emb_masks=emb_masks,
+                                   compile=config.compile, stats=compile_stats, image_ids=sampling.rows)
     stats.wall_s = time.perf_counter() - t0
     steps = L - 1
     stats.steps = steps
@@ -803,6 +809,7 @@ def _below_one(x) -> bool:
     return bool((torch.as_tensor(x) < 1).any())
 
 
+@holds_models("target", "drafter")
 def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: SpecConfig = SpecConfig(),
                        cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, seed: int = 0,
                        length: Optional[int] = None, cfg_interval: int = -1, remeasure: bool = False,
@@ -812,8 +819,9 @@ def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: Sp
     L = check_length(length, target.config.block_size)
     check_condition(target, cond_idx)
     check_config(config, neighbours, target.config.vocab_size, drafter)
-    sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     device = target.tok_embeddings.weight.device
+    check_gpt_sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval, cond_idx.shape[0], device)
+    sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     same = torch.get_default_device() == device
     with torch.no_grad(), contextlib.nullcontext() if same else torch.device(device):
         return _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasure, emb_masks)

@@ -50,6 +50,7 @@ def read_state_dict(path_or_state_dict: Union[str, os.PathLike, Mapping]) -> Sta
     non_tensors = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
     if non_tensors:
         raise ValueError(f"checkpoint entries are not tensors: {non_tensors[:10]}")
+    check_storage(state)
     for prefix in ("module.", "_orig_mod."):
         if state and all(k.startswith(prefix) for k in state):
             state = {k[len(prefix):]: v for k, v in state.items()}
@@ -73,6 +74,30 @@ def _unwrap(obj):
         seen.add(id(obj))
         obj = obj[wrapper]
     return obj
+
+
+def check_storage(state: StateDict) -> None:
+    """Every tensor's elements must lie in bytes the file holds: a pickle can declare a tensor of any shape
+    over a one-element storage (stride 0), and converting it would allocate all of that shape. ValueError
+    naming the tensor."""
+    for name, t in state.items():
+        if t.numel() * t.element_size() > t.untyped_storage().nbytes():
+            raise ValueError(f"checkpoint tensor {name!r} of shape {list(t.shape)} has "
+                             f"{t.untyped_storage().nbytes()} bytes of data for {t.numel()} {t.dtype} elements "
+                             f"(repeated or overlapping elements); not a saved weight")
+
+
+def check_finite(state: StateDict, what: str = "checkpoint") -> None:
+    """Every floating-point tensor must be finite (no NaN, no inf): a model with such weights samples NaN
+    without any other error. ValueError naming the first such tensor. Meta tensors hold no values."""
+    for name, t in state.items():
+        if not t.is_floating_point() or t.numel() == 0 or t.is_meta:
+            continue
+        lo, hi = torch.aminmax(t.detach().reshape(-1))  # NaN propagates into both
+        if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
+            kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
+            raise ValueError(f"{what} tensor {name!r} holds {kind} values (as {t.dtype}); a model with "
+                             f"non-finite weights samples NaN. The file is damaged or not a trained model")
 
 
 def check_state_dict(model: torch.nn.Module, state: StateDict, what: str = "model") -> None:
@@ -118,13 +143,15 @@ def decode_dtype(device) -> torch.dtype:
 
 
 def _load_into(model: torch.nn.Module, state: StateDict, device, dtype: Optional[torch.dtype]):
-    """model was built on the meta device; state is checked already. Tensors are moved to device/dtype
-    (floating tensors only) and assigned."""
+    """model was built on the meta device; state's keys and shapes are checked already. Tensors are moved to
+    device/dtype (floating tensors only), must then be finite (``check_finite``), and are assigned."""
     def convert(t: torch.Tensor) -> torch.Tensor:
         t = t.to(device)
         return t.to(dtype) if dtype is not None and t.is_floating_point() else t
 
-    model.load_state_dict({k: convert(v) for k, v in state.items()}, strict=True, assign=True)
+    converted = {k: convert(v) for k, v in state.items()}
+    check_finite(converted)  # after the conversion: a finite float32 weight can overflow a narrower dtype
+    model.load_state_dict(converted, strict=True, assign=True)
     return model
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .diffusion import DiffLoss
+from .diffusion import TRAIN_STEPS, DiffLoss
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,20 @@ def neighbour_bias(cfg: MARConfig, num_heads: int) -> torch.Tensor:
         bias[h, B:, B:] = -cfg.neighbour_slope * torch.cdist(target, grid)
         bias[h, B:, :B] = -cfg.neighbour_slope * NEIGHBOUR_BUFFER_DISTANCE
     return bias
+
+
+NUM_SAMPLING_STEPS_RULE = f"must be an int in [1, {TRAIN_STEPS}] (diffusion steps kept of the {TRAIN_STEPS} trained)"
+
+
+def num_sampling_steps_valid(steps) -> bool:
+    """The head's sampling steps: an int in [1, 1000] (the training steps), or its decimal string."""
+    text = str(steps) if isinstance(steps, int) and not isinstance(steps, bool) else steps
+    return isinstance(text, str) and text.isascii() and text.isdigit() and 1 <= int(text) <= TRAIN_STEPS
+
+
+def check_num_sampling_steps(steps) -> None:
+    if not num_sampling_steps_valid(steps):
+        raise ValueError(f"num_sampling_steps {NUM_SAMPLING_STEPS_RULE}, got {steps!r}")
 
 
 def check_neighbour_heads(cfg: MARConfig) -> None:
@@ -191,6 +205,7 @@ class MAR(nn.Module):
         if cfg.buffer_size < 1:
             raise ValueError("buffer_size must be >= 1 (the class embedding lives in the buffer slots)")
         check_neighbour_heads(cfg)
+        check_num_sampling_steps(cfg.num_sampling_steps)
         self.config = cfg
         self._bias_cache: Dict[tuple, torch.Tensor] = {}
         De, Dd, L, B, C = (cfg.encoder_embed_dim, cfg.decoder_embed_dim, cfg.seq_len, cfg.buffer_size,

@@ -55,18 +55,43 @@ def read_checkpoint(path_or_state_dict: PathOrState, prefer: str = "model_ema") 
 
 
 _RES_BLOCK = re.compile(r"^diffloss\.net\.res_blocks\.(\d+)\.")
+# the head sizes a file may imply at most (the released heads: 12 blocks, 1536 wide), so that the model built
+# to check a file against stays small whatever the file says
+MAX_DIFFLOSS_D = 64
+MAX_DIFFLOSS_W = 8192
 
 
 def infer_head_sizes(state: StateDict) -> dict:
-    """{diffloss_w, diffloss_d} read off the head's tensors (empty when the state has no head)."""
+    """{diffloss_w, diffloss_d} read off the head's tensors (empty when the state has no head), before any
+    model is built: the res_blocks must be numbered 0 .. d-1, and d and w are bounded (MAX_DIFFLOSS_D,
+    MAX_DIFFLOSS_W); ValueError naming the offending key otherwise."""
     sizes = {}
     w = state.get("diffloss.net.input_proj.weight")
     if w is not None:
+        if w.dim() != 2 or not 1 <= w.shape[0] <= MAX_DIFFLOSS_W:
+            raise ValueError(f"checkpoint key 'diffloss.net.input_proj.weight' has shape {list(w.shape)}: the head "
+                             f"width must be in [1, {MAX_DIFFLOSS_W}]")
         sizes["diffloss_w"] = int(w.shape[0])
-    blocks = {int(m.group(1)) for k in state for m in [_RES_BLOCK.match(k)] if m}
+    blocks = {}
+    for key in state:
+        m = _RES_BLOCK.match(key)
+        if m:
+            blocks.setdefault(int(m.group(1)), key)
     if blocks:
-        sizes["diffloss_d"] = max(blocks) + 1
+        d = len(blocks)
+        stray = sorted(i for i in blocks if i >= d)  # a gap below: a block numbered past the count
+        if stray or d > MAX_DIFFLOSS_D:
+            what = (f"unexpected key {blocks[stray[0]]!r}: the head's res_blocks must be numbered 0 .. d-1"
+                    if stray else f"the head has {d} res_blocks")
+            raise ValueError(f"checkpoint does not match a MAR head: {what} (d at most {MAX_DIFFLOSS_D})")
+        sizes["diffloss_d"] = d
     return sizes
+
+
+def check_head_sizes(diffloss_d, diffloss_w) -> None:
+    for name, value, top in (("diffloss_d", diffloss_d, MAX_DIFFLOSS_D), ("diffloss_w", diffloss_w, MAX_DIFFLOSS_W)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top):
+            raise ValueError(f"{name} must be an int in [1, {top}], got {value!r}")
 
 
 def load_mar(path_or_state_dict: PathOrState, name: str, *, device="cpu", dtype: Optional[torch.dtype] = None,
@@ -74,6 +99,7 @@ def load_mar(path_or_state_dict: PathOrState, name: str, *, device="cpu", dtype:
     """Build MAR ``name`` ("MAR-B" | "MAR-L" | "MAR-H" | "MAR-tiny" | "MAR-tiny-drafter"; overrides replace
     MARConfig fields) and load the checkpoint strictly. diffloss_d / diffloss_w: the head's depth and width,
     inferred from the weights when not given. dtype None keeps the checkpoint's. Eval mode."""
+    check_head_sizes(diffloss_d, diffloss_w)
     state = read_checkpoint(path_or_state_dict)
     head = infer_head_sizes(state)
     if diffloss_d is not None:
