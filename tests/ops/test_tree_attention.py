@@ -193,6 +193,27 @@ def test_fused_matches_reference(backend, device, case, layout):
     torch.testing.assert_close(got, reference_attention(q, k, v, cache_len, mask), rtol=2e-5, atol=2e-5)
 
 
+# the cpu kernel's work items hold (H / Hkv) x T query rows; items of at most 4 rows (AR steps, short chains)
+# compute their scores as dot products, wider ones 16 rows at a time: both sides of that boundary, each Dh path
+NARROW_CASES = [
+    # B, H, Hkv, T, Dh, cache_len, Lmax: rows per item
+    (2, 2, 2, 1, 16, [100, 3], 110),   # 1
+    (1, 4, 2, 1, 32, [130], 140),      # 2 (GQA)
+    (2, 2, 2, 3, 128, [70, 0], 80),    # 3, a tree of 3 nodes, an empty prefix
+    (1, 4, 1, 1, 24, [65], 70),        # 4 (MQA), Dh without a fixed-size path
+    (1, 4, 2, 2, 64, [64], 70),        # 4, a tree of 2 nodes
+    (1, 5, 1, 1, 64, [90], 100),       # 5: the 16-row path
+]
+
+
+@pytest.mark.parametrize("backend", backends.params(["cpu"]), indirect=True)
+@pytest.mark.parametrize("case", NARROW_CASES, ids=[case_id(c) for c in NARROW_CASES])
+def test_cpu_few_query_rows_match_reference(backend, case):
+    q, k, v, cache_len, mask = attention_case(*case, dtype=torch.float32, seed=sum(case[:5]))
+    got = lantern.ops.tree_attention(q, k, v, cache_len, mask)
+    torch.testing.assert_close(got, reference_attention(q, k, v, cache_len, mask), rtol=2e-5, atol=2e-5)
+
+
 DTYPE_CASES = [(2, 4, 2, 9, 32, [20, 3], 40), CASES[1], CASES[2]]
 
 

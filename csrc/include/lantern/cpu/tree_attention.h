@@ -27,6 +27,7 @@ namespace lantern::cpu {
 
 constexpr int64_t kAttnTile = 64;  // keys per tile
 constexpr int64_t kAttnRows = 64;  // query rows per work item (at most)
+constexpr int64_t kAttnNarrowRows = 4;  // items of at most this many rows compute their scores as dot products
 
 struct AttnProblem {
   const void* q;  // [B, H, T, Dh], strides q_s* (elements), last dimension contiguous
@@ -43,7 +44,7 @@ struct AttnProblem {
 };
 
 struct AttnScratch {
-  std::vector<float> qt;   // [Dh, Mp] scaled queries, transposed (Mp = M rounded up to 16)
+  std::vector<float> qt;   // [Dh, Mp] scaled queries, transposed (Mp = M rounded up to 16); narrow items: [M, Dh]
   std::vector<float> st;   // [kAttnTile, Mp] scores, then probabilities
   std::vector<float> acc;  // [kAttnRows, Dh] output accumulators
   std::vector<float> m, l, alpha;  // [Mp] running max, running sum, rescale factor
@@ -141,6 +142,56 @@ LANTERN_ATTN_CLONES inline void attn_scores_nv(const float* k, int64_t ks, int64
   int64_t j = 0;
   for (; j + R <= n; j += R) attn_scores_block<R, NV>(k, ks, j, Dh, qt, st);
   for (; j < n; ++j) attn_scores_block<1, NV>(k, ks, j, Dh, qt, st);
+}
+
+// Few query rows (an AR step, a short chain: M <= kAttnNarrowRows): the scores as dot products along Dh,
+// st[j, r] = k_j . q_r with q [M, Dh] row-major and st's row stride M, so no work goes to padding rows (the
+// transposed layout above computes 16 rows at a time). Each dot product sums 16-lane partial products, then
+// the lanes in a fixed order.
+LANTERN_ATTN_INLINE float attn_lane_sum(const AttnVec& v) {
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += v[i];
+  return s;
+}
+
+template <int NV>
+LANTERN_ATTN_CLONES inline void attn_scores_dot_nv(const float* k, int64_t ks, int64_t n, const float* q, int64_t M,
+                                                   float* st) {
+  constexpr int64_t D = 16 * NV;
+  for (int64_t j = 0; j < n; ++j) {
+    AttnVec kv[NV];
+    for (int w = 0; w < NV; ++w) kv[w] = attn_load(k + j * ks + 16 * w);
+    for (int64_t r = 0; r < M; ++r) {
+      AttnVec acc = kv[0] * attn_load(q + r * D);
+      for (int w = 1; w < NV; ++w) acc += kv[w] * attn_load(q + r * D + 16 * w);
+      st[j * M + r] = attn_lane_sum(acc);
+    }
+  }
+}
+
+LANTERN_ATTN_CLONES inline void attn_scores_dot_any(const float* k, int64_t ks, int64_t n, int64_t Dh, const float* q,
+                                                    int64_t M, float* st) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t r = 0; r < M; ++r) {
+      float s = 0.f;
+      for (int64_t d = 0; d < Dh; ++d) s += k[j * ks + d] * q[r * Dh + d];
+      st[j * M + r] = s;
+    }
+}
+
+inline void attn_scores_dot(const float* k, int64_t ks, int64_t n, int64_t Dh, const float* q, int64_t M, float* st) {
+  switch (Dh) {
+    case 16:
+      return attn_scores_dot_nv<1>(k, ks, n, q, M, st);
+    case 32:
+      return attn_scores_dot_nv<2>(k, ks, n, q, M, st);
+    case 64:
+      return attn_scores_dot_nv<4>(k, ks, n, q, M, st);
+    case 128:
+      return attn_scores_dot_nv<8>(k, ks, n, q, M, st);
+    default:
+      return attn_scores_dot_any(k, ks, n, Dh, q, M, st);
+  }
 }
 
 // st[j, r] for j < n, r < Mp (Mp in {16, 32, 48, 64}).
@@ -292,7 +343,9 @@ inline const float* finite_values(const float* v, int64_t vs, int64_t n, int64_t
 
 // Query rows [r0, r1) (r1 - r0 <= kAttnRows) of batch row b and kv head g.
 inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, int64_t r1, AttnScratch& ws) {
-  const int64_t Dh = p.Dh, T = p.T, G = p.H / p.Hkv, M = r1 - r0, Mp = (M + 15) / 16 * 16;
+  const int64_t Dh = p.Dh, T = p.T, G = p.H / p.Hkv, M = r1 - r0;
+  const bool narrow = M <= kAttnNarrowRows;
+  const int64_t Mp = narrow ? M : (M + 15) / 16 * 16;  // st's row stride
   const float scale = 1.f / std::sqrt(static_cast<float>(Dh));
   float* qt = ws.qt.data();
   float* row = ws.acc.data();  // (scratch for one query row before acc is cleared)
@@ -300,7 +353,7 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
   for (int64_t r = 0; r < M; ++r) {
     const int64_t h = g * G + (r0 + r) / T, t = (r0 + r) % T;
     load_row<float>(p.q, p.dtype, b * p.q_sb + h * p.q_sh + t * p.q_st, Dh, row);
-    for (int64_t d = 0; d < Dh; ++d) qt[d * Mp + r] = row[d] * scale;
+    for (int64_t d = 0; d < Dh; ++d) qt[narrow ? r * Dh + d : d * Mp + r] = row[d] * scale;
   }
   std::fill(ws.acc.begin(), ws.acc.begin() + Mp * Dh, 0.f);
   std::fill(ws.m.begin(), ws.m.begin() + Mp, -INFINITY);
@@ -336,7 +389,10 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
       v = ws.vt.data();
     }
     float* st = ws.st.data();
-    attn_scores(k, ks, n, Dh, qt, Mp, st);
+    if (narrow)
+      attn_scores_dot(k, ks, n, Dh, qt, M, st);
+    else
+      attn_scores(k, ks, n, Dh, qt, Mp, st);
     float* value_probe = ws.value_probe.data();
     std::fill(value_probe, value_probe + Dh, 0.f);
     attn_probe(v, vs, n, Dh, value_probe);
