@@ -26,7 +26,8 @@ def main() -> None:
     bench_model_costs.run(report, quick=args.quick)
     bench_model_costs.run_dtypes(report, quick=args.quick)
     bench_decode.run(report, quick=args.quick)
-    bench_speedup.run(report, batches=(1, 8) if args.quick else (1, 8, 40), repeats=2 if args.quick else 3)
+    bench_speedup.run(report, batches=(1, 8) if args.quick else (1, 8, 40), repeats=2 if args.quick else 3,
+                      methods=bench_speedup.QUICK_METHODS if args.quick else bench_speedup.METHODS)
     if args.quick:  # skipped, with the reason, while the tiny MAR weights are missing
         bench_cspd.run(report, batches=(1, 8), gammas=(8, 32), repeats=1, quality_images=20)
     else:

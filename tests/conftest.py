@@ -17,6 +17,11 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
+# lantern's decoding compiles by default (compile="auto"): a CPU compile of the tiny model takes minutes, so
+# the suite decodes eagerly unless a test asks for compile=True (or sets LANTERN_COMPILE itself); the
+# tests of the "auto" choice monkeypatch this variable. The CLI tests' subprocesses inherit it.
+os.environ.setdefault("LANTERN_COMPILE", "0")
+
 
 def _register_hypothesis_profiles():
     """"ci" (the default): hypothesis's usual 100 examples per test, derandomized, so that every run tries

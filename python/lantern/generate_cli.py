@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from .decoding.compiled import COMPILE_CHOICES
+
 LLAMAGEN_DEMO_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]
 
 
@@ -127,9 +129,11 @@ def add_device_options(run) -> None:
                      help="enable fused ops: auto | cpu | cuda | triton. Faster, and not only faster: the kernels "
                           "round differently from the reference (tree attention most in bfloat16), so some "
                           "tokens can differ (docs/sampling.md \"Numerics\")")
-    run.add_argument("--compile", action="store_true",
+    run.add_argument("--compile", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                      help="target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), "
-                          "node counts padded to a few buckets; the one-off compile time is reported")
+                          "node counts padded to a few buckets. auto (default): on where torch.compile works on "
+                          "the device (LANTERN_COMPILE=0 turns it off); --compile alone: on. Compiled graphs are "
+                          "cached under $LANTERN_CACHE/inductor; the one-off compile time is reported apart")
     run.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float64"],
                      help="the GPT's compute dtype. auto: bfloat16 on a GPU, and on a CPU with native bf16 dot "
@@ -376,8 +380,7 @@ def run_generate(args: argparse.Namespace) -> int:
     seeds = [args.seed + i for i in range(len(chunks))]
     options = {}
     compile_stats = [{} for _ in chunks]  # AR: filled by generate_ar
-    if args.compile:
-        figures["compile"] = True
+    compile = COMPILE_CHOICES[args.compile]  # --compile -> lantern.generate's compile
     if args.method != "ar":
         drafter, table = _drafter_and_table(args, gpt, vq)
         options = dict(method=args.method, drafter=drafter, neighbours=table, cfg_interval=args.cfg_interval,
@@ -388,37 +391,27 @@ def run_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if args.method == "ar":
         tokens = torch.cat([generate_ar(gpt, chunk, cfg_interval=args.cfg_interval,
-                                        on_token=lambda s, n=len(chunk): bar.update(n), compile=args.compile,
+                                        on_token=lambda s, n=len(chunk): bar.update(n), compile=compile,
                                         stats=stat, **dict(sampling, seed=seed))
                             for chunk, seed, stat in zip(chunks, seeds, compile_stats)])
         figures.update(tau=1.0, target_forwards=L * len(chunks), draft_forwards=0)
-        if args.compile:
-            figures.update(_compile_figures(compile_stats))
+        figures.update(_compile_figures(compile_stats))
     else:
         parts, all_stats = [], []
         for chunk, seed in zip(chunks, seeds):
-            part, stats = generate(gpt, chunk, **options, compile=args.compile, **dict(sampling, seed=seed))
+            part, stats = generate(gpt, chunk, **options, compile=compile, **dict(sampling, seed=seed))
             parts.append(part)
             all_stats.append(stats)
             bar.update(len(chunk) * L)
         tokens = torch.cat(parts)
         figures.update(_spec_figures(all_stats), tree=args.tree, k=args.k, delta=args.delta, lam=args.lam,
                        budget=args.budget)
-        if args.compile:
-            figures.update(_compile_figures([vars(st) for st in all_stats]))
+        figures.update(_compile_figures([vars(st) for st in all_stats]))
     figures["wall_s"] = time.perf_counter() - t0
     bar.close()
     figures["tokens_per_s"] = len(labels) * L / figures["wall_s"]
     if args.method != "ar" and not args.no_ar_baseline:
-        t1 = time.perf_counter()
-        ar_stats = [{} for _ in chunks]
-        for chunk, seed, stat in zip(chunks, seeds, ar_stats):
-            generate_ar(gpt, chunk, cfg_interval=args.cfg_interval, compile=args.compile, stats=stat,
-                        **dict(sampling, seed=seed))
-        figures["ar_wall_s"] = time.perf_counter() - t1
-        if args.compile:
-            figures["ar_compile_s"] = _compile_figures(ar_stats)["compile_s"]
-        figures["speedup_vs_ar"] = figures["ar_wall_s"] / figures["wall_s"]
+        figures.update(_ar_baselines(gpt, chunks, seeds, sampling, args.cfg_interval, compile, figures))
     side = gpt.config.grid_size
     with torch.no_grad():
         images = vq.decode_codes(tokens, side, side)  # [B, 3, H, W]
@@ -436,9 +429,34 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _compile_figures(stats) -> dict:
-    """compile=True: the one-off compile time (first calls of each new graph, part of wall_s) and graphs."""
-    return dict(compile_s=sum(s.get("compile_s", 0.0) for s in stats),
+    """What compile resolved to, the one-off compile time (first calls of each new graph, part of wall_s) and
+    the graphs compiled."""
+    return dict(compile=next((s.get("compile") for s in stats if s.get("compile")), ""),
+                compile_s=sum(s.get("compile_s", 0.0) for s in stats),
                 compiled_graphs=sum(s.get("compiled_graphs", 0) for s in stats))
+
+
+def _ar_baselines(gpt, chunks, seeds, sampling, cfg_interval, compile, figures) -> dict:
+    """The same images by AR, after the run: with the run's compile choice (the fastest AR lantern runs on the
+    device when compiled) and, when that was compiled, eagerly too. Speed-ups compare times without the
+    one-off compiles (first calls of new graphs), which are reported apart."""
+    from .decoding import generate_ar
+
+    def timed(compile):
+        t0, stats = time.perf_counter(), [{} for _ in chunks]
+        for chunk, seed, stat in zip(chunks, seeds, stats):
+            generate_ar(gpt, chunk, cfg_interval=cfg_interval, compile=compile, stats=stat,
+                        **dict(sampling, seed=seed))
+        return time.perf_counter() - t0, _compile_figures(stats)
+
+    run_s = figures["wall_s"] - figures["compile_s"]
+    wall, compiled = timed(compile)
+    out = dict(ar_wall_s=wall, ar_compile=compiled["compile"], ar_compile_s=compiled["compile_s"])
+    out["speedup_vs_ar"] = (wall - compiled["compile_s"]) / run_s
+    if compiled["compile"].startswith("on"):
+        eager_s, _ = timed(False)
+        out.update(ar_eager_wall_s=eager_s, speedup_vs_ar_eager=eager_s / run_s)
+    return out
 
 
 def _batch_size(batch, n_images: int) -> int:
@@ -504,9 +522,11 @@ def _print_figures(f: dict, args) -> None:
     print(f"{f['images']} images x {f['tokens_per_image']} tokens in {f['wall_s']:.2f}s: "
           f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device}, {f['dtype']}, "
           f"{torch.get_num_threads()} threads)")
-    if "compile_s" in f:
-        print(f"compiled: {f['compiled_graphs']} graphs, {f['compile_s']:.2f}s of first calls (compile included) "
-              f"in the wall time above")
+    if f.get("compile", "").startswith("on"):
+        print(f"compiled {f['compile']}: {f['compiled_graphs']} graphs, {f['compile_s']:.2f}s of first calls "
+              f"(compile included) in the wall time above")
+    elif f.get("compile"):
+        print(f"eager: compile {f['compile']}")
     if args.method != "ar":
         print(f"tau {f['tau']:.2f} tokens per target forward; {f['target_forwards']} target forwards, "
               f"{f['draft_forwards']} drafter forwards (batch {f['batch']})")
@@ -525,8 +545,13 @@ def _print_figures(f: dict, args) -> None:
             print(f"  {name:>7}: {p['steps']:4d} steps, expected {p['expected_tokens_per_s']:7.1f} tokens/s, "
                   f"achieved {p['achieved_tokens_per_s']:7.1f} ({why})")
         if "speedup_vs_ar" in f:
-            ar_compile = f" of which {f['ar_compile_s']:.2f}s compile" if "ar_compile_s" in f else ""
-            print(f"speed-up vs AR (same process): {f['speedup_vs_ar']:.2f}x (AR {f['ar_wall_s']:.2f}s{ar_compile})")
+            run_s = f["wall_s"] - f["compile_s"]
+            kind = "compiled AR" if f["ar_compile"].startswith("on") else "AR (eager)"
+            print(f"speed-up vs {kind} (same process, one-off compiles left out): {f['speedup_vs_ar']:.2f}x "
+                  f"({run_s:.2f}s against AR {f['ar_wall_s'] - f['ar_compile_s']:.2f}s"
+                  + (f", AR compile {f['ar_compile_s']:.1f}s apart)" if f["ar_compile_s"] else ")"))
+            if "speedup_vs_ar_eager" in f:
+                print(f"speed-up vs eager AR: {f['speedup_vs_ar_eager']:.2f}x (eager AR {f['ar_eager_wall_s']:.2f}s)")
     if "class_accuracy" in f:
         print(f"classifier accuracy {100 * f['class_accuracy']:.1f}%  Frechet distance {f['fd']:.2f}")
     print(f"wrote {args.out}")

@@ -161,6 +161,19 @@ def cpu_capability() -> str:
     return "+".join([torch.backends.cpu.get_cpu_capability(), *features])
 
 
+def compile_choices() -> dict:
+    from .decoding.compiled import COMPILE_CHOICES
+
+    return COMPILE_CHOICES
+
+
+def _compile_record(choice: str, device: torch.device) -> bool:
+    """Whether the forwards run compiled (compiled graphs round differently from eager ones)."""
+    from .decoding.compiled import COMPILE_CHOICES, resolve_compile
+
+    return resolve_compile(COMPILE_CHOICES[choice], device).on
+
+
 def numerics_of(args, sampler) -> dict:
     """What the images depend on besides the settings (config.json "numerics", docs/sampling.md "Numerics"):
     the model's dtype, the backend of each lantern op (``--fused``), ``--compile``, the device type and
@@ -172,7 +185,7 @@ def numerics_of(args, sampler) -> dict:
     device = torch.device(args.device)
     model = getattr(sampler, "gpt", None) or getattr(sampler, "mar")
     record = dict(dtype=str(next(model.parameters()).dtype).replace("torch.", ""), fused=resolved_backends(device),
-                  compile=bool(args.compile), device=device.type, torch=torch.__version__, lantern=__version__)
+                  compile=_compile_record(args.compile, device), device=device.type, torch=torch.__version__, lantern=__version__)
     if device.type == "cuda":
         record.update(processor=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     else:
@@ -213,7 +226,7 @@ class DiscreteSampler:
         self.sampling = dict(cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p,
                              cfg_interval=args.cfg_interval)
         self.method, self.L = args.method, self.gpt.config.block_size
-        self.options = dict(method=args.method, compile=args.compile)
+        self.options = dict(method=args.method, compile=compile_choices()[args.compile])
         self.settings = dict(self.sampling)
         if args.method != "ar":
             codes = self.vq.quantize.embedding.weight.shape[0]

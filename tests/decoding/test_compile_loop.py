@@ -148,10 +148,14 @@ def test_compiled_ar_gives_the_eager_tokens(temperature):
     assert torch.equal(generate(target, torch.tensor([0, 4]), method="ar", compile=AOT, **kw)[0], want)
 
 
-def test_compile_option_is_checked():
+@pytest.mark.parametrize("compile, error", [("yes", ValueError), (1.5, TypeError), ([True], TypeError)])
+def test_compile_option_is_checked(compile, error):
     target, drafter = small_models()
-    with pytest.raises(TypeError, match="compile must be"):
-        generate_ar(target, torch.tensor([0]), compile="yes", length=2)
+    with pytest.raises(error, match="compile must be"):
+        generate_ar(target, torch.tensor([0]), compile=compile, length=2)
+    with pytest.raises(error, match="compile must be"):
+        generate(target, torch.tensor([0]), method="lantern", drafter=drafter, neighbours=neighbours(), k=4,
+                 compile=compile, length=2)
 
 
 @pytest.mark.slow
@@ -192,8 +196,11 @@ def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, met
     target, drafter = small_models()
     monkeypatch.setattr(generate_cli, "_load", lambda args: (target, _StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
     monkeypatch.setattr(generate_cli, "_drafter_and_table", lambda args, gpt, vq: (drafter, neighbours()))
+    from lantern.decoding.compiled import CompileChoice
+
     for module in (ar, spec):
-        monkeypatch.setattr(module, "compile_options", lambda compile, device: dict(AOT))
+        monkeypatch.setattr(module, "resolve_compile", lambda compile, device: CompileChoice(
+            dict(AOT) if compile else None, "on (test)" if compile else "off (compile=False)"))
     parser = argparse.ArgumentParser()
     generate_cli.add_generate_parser(parser.add_subparsers(dest="command"))
     js = tmp_path / "run.json"
@@ -203,10 +210,12 @@ def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, met
                               "--json", str(js)])
     assert generate_cli.run_generate(args) == 0
     figures = json.loads(js.read_text())
-    assert figures["compile"] is True and figures["compiled_graphs"] >= 0 and figures["compile_s"] >= 0
-    if method != "ar":
-        assert "ar_compile_s" in figures
-    assert "compiled:" in capsys.readouterr().out
+    assert figures["compile"] == "on (test)" and figures["compiled_graphs"] >= 0 and figures["compile_s"] >= 0
+    out = capsys.readouterr().out
+    assert "compiled on (test)" in out
+    if method != "ar":  # the compiled AR baseline, and the eager one beside it
+        assert figures["ar_compile"] == "on (test)" and "ar_compile_s" in figures and "ar_eager_wall_s" in figures
+        assert "speed-up vs compiled AR" in out and "speed-up vs eager AR" in out
 
 
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])

@@ -15,12 +15,12 @@ __all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfi
 
 # the defaults of generate's own keywords, against which "given" is told (options.check_applicable)
 _DEFAULTS = dict(drafter=None, neighbours=None, tree="auto", k=1000, delta=0.1, lam=None, budget="candidate",
-                 top_k=0, top_p=1.0, cfg_interval=-1, length=None, emb_masks=None, compile=False)
+                 top_k=0, top_p=1.0, cfg_interval=-1, length=None, emb_masks=None, compile="auto")
 
 
 def generate(model, cond_idx, *, method=None, drafter=None, neighbours=None, tree: str = "auto", k: int = 1000,
              delta: float = 0.1, lam=None, budget: str = "candidate", cfg_scale=1.0, temperature=1.0, top_k=0,
-             top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None, emb_masks=None, compile=False,
+             top_p=1.0, cfg_interval: int = -1, seed: int = 0, length=None, emb_masks=None, compile="auto",
              image_ids=None, **options):
     """One entry point: method "ar" | "spec" (exact speculative decoding) | "lantern" (relaxed, the default) |
     "sjd" (Jacobi self-drafting: no drafter; exact, or relaxed like "lantern" when given ``neighbours``) for
@@ -34,10 +34,12 @@ def generate(model, cond_idx, *, method=None, drafter=None, neighbours=None, tre
     image_ids [B] (integers in [0, 2^32), default 0..B-1): each image's key in the Philox stream of every draw
     (SPEC §5), so an image depends on its id and the seed, not on the batch it is in (with a fixed tree;
     ``tree="auto"`` plans from the whole batch). For MAR models too (``sample_mar``).
-    compile: True runs the target's (and drafter's) forwards through torch.compile (inductor; CUDA graphs on a
-    GPU) with node counts padded to a few buckets (``decoding/compiled.py``); a dict: those torch.compile
-    options. The one-off compile time is in the stats (``compile_s``; AR: pass ``stats={}`` to
-    ``generate_ar``).
+    compile: "auto" (default): compiled where torch.compile works on the device (a C++ compiler on a CPU,
+    Triton on a GPU; LANTERN_COMPILE=0 turns it off), eager elsewhere, the choice and its reason in the stats
+    (``compile``); True runs the target's (and drafter's) forwards through torch.compile (inductor; CUDA
+    graphs on a GPU) with node counts padded to a few buckets (``decoding/compiled.py``); False eager; a dict:
+    those torch.compile options. Compiled graphs are cached on disk under lantern's cache folder. The one-off
+    compile time is in the stats (``compile_s``; AR: pass ``stats={}`` to ``generate_ar``).
     A transformers model wrapped by ``lantern.hf.wrap`` takes the prompt ids as cond_idx (keywords
     attention_mask, negative_prompt_ids, ...) and returns image codes: ``lantern.hf.generate``.
     A MAR model (``model.family == "mar"``) samples with ``sample_mar``: -> (tokens [B, L, C], MARStats);
@@ -62,6 +64,8 @@ def generate(model, cond_idx, *, method=None, drafter=None, neighbours=None, tre
                   top_k=top_k, top_p=top_p, cfg_interval=cfg_interval, length=length, emb_masks=emb_masks,
                   compile=compile)
     given = {name: v for name, v in values.items() if not _is_default(v, _DEFAULTS[name])}
+    if family == "mar" and compile is False:  # MAR's loops run eagerly: False asks for what they do
+        given.pop("compile")
     # a config keyword at its default asks for nothing: it is dropped (a MAR run is never passed SpecConfig's)
     options = {name: v for name, v in options.items() if name not in _CONFIG_DEFAULTS
                or not _is_default(v, _CONFIG_DEFAULTS[name])}

@@ -34,7 +34,8 @@ import torch
 from .. import ops
 from .ar import (check_condition, check_image_ids, check_length, condition_masks, generate_ar, nonfinite_logits,
                  sample_next)
-from .compiled import CompileOption, CompileStats, bucket, compile_options, compiled_models, pad_room
+from .compiled import (AUTO, CompileOption, CompileStats, bucket, check_compile, compiled_models, pad_room,
+                       resolve_compile)
 from .costs import CostModel, cache_key, cached_cost_model
 from .exclusive import holds_models
 from .jacobi import FRESH_INITS, JacobiWindow
@@ -75,8 +76,9 @@ class SpecConfig:
     adapt_costs: bool = True  # correct the cost model by the run's step times (see Planner); False: reproducible
     margin: float = 0.1  # draft only when predicted more than 10 % faster than AR (see Planner)
     # True: target and drafter forwards through torch.compile (inductor; CUDA graphs on a GPU), node counts
-    # padded to buckets (compiled.py); a dict: those torch.compile options
-    compile: CompileOption = False
+    # padded to buckets (compiled.py); a dict: those torch.compile options; "auto": True where torch.compile
+    # works on the device (compiled.resolve_compile), with the reason in the stats
+    compile: CompileOption = AUTO
     # method "sjd" (docs/sjd.md)
     window: int = 8  # drafts per step (tree="chain"), or the largest window the planner considers (tree="auto")
     coupling: bool = False  # SCD: the draws of one image position share their uniforms across steps
@@ -122,8 +124,9 @@ class SpecStats:
     accept_lens: list = field(default_factory=list)  # per step: accept_len of the rows still generating
     plan_counts: Dict[str, int] = field(default_factory=dict)  # steps per plan ("ar", "chain3", "tree16", ...)
     planner: dict = field(default_factory=dict)  # tree="auto": per plan expected vs achieved tokens/s, cost model
-    compile_s: float = 0.0  # compile=True: first calls of each new graph (compile included), part of wall_s
-    compiled_graphs: int = 0  # compile=True: graphs compiled in this run (0 when earlier runs compiled them)
+    compile_s: float = 0.0  # compiled: first calls of each new graph (compile included), part of wall_s
+    compiled_graphs: int = 0  # compiled: graphs compiled in this run (0 when earlier runs compiled them)
+    compile: str = ""  # what config.compile resolved to on the device, and why ("on (auto)", "off (...)")
 
     @property
     def tau(self) -> float:
@@ -180,7 +183,7 @@ class _Loop:
         """compiled: None (eager forwards), or the run's CompileStats with ``config.compile`` set: the
         forwards are compiled, their node counts padded to buckets (``compiled.py``)."""
         if compiled is not None:
-            options = compile_options(config.compile, target.tok_embeddings.weight.device)
+            options = resolve_compile(config.compile, target.tok_embeddings.weight.device).options
             target, drafter = compiled_models(target, drafter, options, compiled)
         self.target, self.drafter, self.neighbours, self.config, self.s, self.L = (
             target, drafter, neighbours, config, sampling, L)
@@ -576,6 +579,7 @@ def check_config(config: SpecConfig, neighbours, vocab: int, drafter=None) -> No
         raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
     if config.tree not in TREES:
         raise ValueError(f"tree must be one of {TREES}, got {config.tree!r}")
+    check_compile(config.compile)
     _check_jacobi(config, drafter)
     if config.draft not in DRAFTS:
         raise ValueError(f"draft must be one of {DRAFTS}, got {config.draft!r}")
@@ -647,6 +651,14 @@ def _accept_lens(steps: list) -> list:
     return [accept_len[active].cpu() for accept_len, active in steps]
 
 
+def _compile_stats(config: SpecConfig, target, stats: SpecStats) -> Optional[CompileStats]:
+    """A run's CompileStats when config.compile resolves to compiled forwards on the target's device, else
+    None; the resolution and its reason go to stats.compile."""
+    choice = resolve_compile(config.compile, target.tok_embeddings.weight.device)
+    stats.compile = choice.reason
+    return CompileStats() if choice.on else None
+
+
 def _record_compile(stats: SpecStats, compiled: Optional[CompileStats]) -> None:
     if compiled is not None:
         stats.compile_s, stats.compiled_graphs = compiled.compile_s, compiled.graphs
@@ -656,7 +668,7 @@ def _generate_fixed(target, drafter, cond_idx, neighbours, config, sampling, on_
     t0 = time.perf_counter()
     stats = SpecStats()
     plan = config.fixed_plan()
-    compiled = CompileStats() if config.compile else None
+    compiled = _compile_stats(config, target, stats)
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, [plan], catch_up=False,
                  emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
@@ -703,7 +715,7 @@ def _generate_auto(target, drafter, cond_idx, neighbours, config, sampling, on_s
     first = planner.choose(B * sampling.halves, B, at_start[1:])
     if first.plan.is_ar and not first.probe:
         return _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, planner, first, stats, t0)
-    compiled = CompileStats() if config.compile else None
+    compiled = _compile_stats(config, target, stats)
     loop = _Loop(target, drafter, cond_idx, neighbours, config, sampling, L, planner.plans, catch_up=True,
                  emb_masks=emb_masks, compiled=compiled)
     stats.target_forwards += 1  # the prefill
@@ -778,16 +790,20 @@ def _generate_all_ar(target, cond_idx, config, sampling, on_step, L, emb_masks, 
                                                         if k != "key"}, all_ar=True)
     stats.compile_s = compile_stats.get("compile_s", 0.0)
     stats.compiled_graphs = compile_stats.get("compiled_graphs", 0)
+    stats.compile = compile_stats.get("compile", "")
     return tokens, stats
 
 
 # -- calibration ------------------------------------------------------------------------------------------
 
-def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan], relaxed: bool) -> dict:
-    """What, besides the device and models, changes a step's cost: the verify work and the candidates (and,
-    for the acceptance the calibration measures, the drafting rules)."""
+def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan], relaxed: bool,
+          compile_options: Optional[dict] = None) -> dict:
+    """What, besides the device and models, changes a step's cost: the verify work, the candidates and
+    whether (and how) the forwards are compiled (and, for the acceptance the calibration measures, the
+    drafting rules)."""
     jacobi = {"coupling": config.coupling, "init": config.init} if config.method == "sjd" else {}
-    return {**jacobi, "method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
+    compiled = {} if compile_options is None else {"compiled": repr(sorted(compile_options.items()))}
+    return {**jacobi, **compiled, "method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
             "lam": config.lam if relaxed else None, "guided": sampling.guided, "length": L,
             # the acceptance the calibration measures depends on these (the step costs do not)
             "delta": config.delta if relaxed else 0.0, "cfg_scale": _number(sampling.cfg_scale),
@@ -831,7 +847,9 @@ def _resolve(target, drafter, cond_idx, neighbours, config, sampling, L, remeasu
              emb_masks=None) -> CostModel:
     plans = config.candidates()
     device = target.tok_embeddings.weight.device
-    key = cache_key(device, target, drafter, _mode(config, sampling, L, plans, relaxed_acceptance(config, neighbours)))
+    options = resolve_compile(config.compile, device).options
+    key = cache_key(device, target, drafter, _mode(config, sampling, L, plans, relaxed_acceptance(config, neighbours),
+                                                   options))
     rows = cond_idx.shape[0] * sampling.halves
     grid = sorted(set(CALIBRATION_ROWS) | {rows})
 
@@ -877,6 +895,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     if known is None or not known.acceptance:
         counts.update(_jacobi_counts(target, cond_idx, neighbours, config, sampling, L, plans, emb_masks))
     max_depth = max(p.depth for p in plans)
+    compiled = CompileStats() if resolve_compile(config.compile, device).on else None  # the run's forwards
     new_rows = set()
     for rows in sorted(rows_grid):
         B = max(rows // halves, 1)
@@ -891,15 +910,18 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                 if loop is not None:
                     loop.close()
                 loop = state["loop"] = _Loop(target, drafter, labels, neighbours, config, sampling, L, plans,
-                                             catch_up=True, emb_masks=masks)
+                                             catch_up=True, emb_masks=masks, compiled=compiled)
             state["step"] += 1
             sync()
+            compiling = compiled.compile_s if compiled is not None else 0.0
             t0 = time.perf_counter()
             with ops.checks.values_checked_by_caller():  # as in the decoding loop
                 loop.step(plan, state["step"])
                 loop.sync(max_depth, loop.figures)  # the step's host read, as in the loop
             sync()
             seconds = time.perf_counter() - t0
+            if compiled is not None:  # a first call of a new graph: its compile is not the step's cost
+                seconds = max(seconds - (compiled.compile_s - compiling), 0.0)
             if not plan.is_ar and plan.kind != "jacobi":  # a window's acceptance: _jacobi_counts
                 hits, trials = counts[plan]
                 for d, (h, t) in enumerate(zip(loop.figures.hits, loop.figures.trials)):
@@ -933,6 +955,10 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                     bounds[plan.name] = seconds
         if state["loop"] is not None:
             state["loop"].close()
+        if compiled is not None:  # the graph of tree="auto"'s all-AR runs (generate_ar's), compiled here too
+            generate_ar.unguarded(target, labels, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
+                                  top_k=sampling.top_k, top_p=sampling.top_p, cfg_interval=sampling.cfg_interval,
+                                  seed=sampling.seed, length=min(L, 2), emb_masks=masks, compile=config.compile)
         for name, measured in times.items():
             if measured:
                 points[name][rows] = min(measured)

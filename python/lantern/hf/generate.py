@@ -31,6 +31,8 @@ def generate(target, input_ids: torch.Tensor, attention_mask: Optional[torch.Ten
     forced, never relaxed, and not in the result; the stats count the loop's sequence, row ends included."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if compile == "auto":  # lantern.generate's default: a wrapped transformers model runs eagerly
+        compile = False
     if emb_masks is not None:
         raise ValueError("emb_masks is LlamaGen's caption padding; pass the prompt's attention_mask")
     guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
