@@ -13,7 +13,7 @@ import torch
 
 from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
 from lantern.decoding import compiled as compiled_module
-from lantern.decoding.compiled import resolve_compile
+from lantern.decoding.compiled import baseline_compile, resolve_compile
 from lantern.decoding.spec import Sampling, _mode
 
 from test_compile_loop import AOT, neighbours, small_models
@@ -133,3 +133,16 @@ def test_calibration_times_the_compiled_forwards(monkeypatch, tmp_path):
     _, stats = generate_spec(target, drafter, labels, config=SpecConfig(**kw, compile=AOT, cost_model=model),
                              cfg_scale=2.0, seed=0)
     assert stats.compile == "on (compile options given)" and stats.compiled_graphs == 0
+
+
+def test_the_ar_baseline_is_compiled_wherever_torch_compile_works(compile_allowed, monkeypatch):
+    """Printed speed-ups are held against the fastest AR lantern runs: compiled on a CPU too, whatever "auto"
+    decides for the run; LANTERN_COMPILE=0 keeps everything eager."""
+    has_compiler = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+    assert baseline_compile(torch.device("cpu")) == has_compiler
+    assert not resolve_compile("auto", torch.device("cpu")).on
+    monkeypatch.setattr(compiled_module.shutil, "which", lambda name: None)
+    assert not baseline_compile(torch.device("cpu"))
+    monkeypatch.undo()
+    monkeypatch.setenv("LANTERN_COMPILE", "0")
+    assert not baseline_compile(torch.device("cpu"))

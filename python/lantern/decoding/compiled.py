@@ -102,30 +102,45 @@ def compile_options(compile: CompileOption, device: torch.device) -> Optional[di
 
 def compile_unavailable(device: torch.device) -> Optional[str]:
     """Why compile="auto" stays eager on ``device``, or None. LANTERN_COMPILE=0 turns it off and =1 on
-    wherever torch.compile can work. Otherwise "auto" compiles on a GPU (CUDA graphs remove the launch
-    overhead that dominates a decoding step) and not on a CPU: there a graph of a 16-layer model costs about
-    30 s of dynamo tracing and compiling per node-count bucket and batch size, and inductor's on-disk cache
-    saves only the C++ compile (docs/compile.md), which a short run such as ``make demo`` never earns back.
-    Also eager: a device inductor does not generate code for, no C++ compiler (CPU), no Triton (GPU), a
-    Python torch.compile does not support."""
+    wherever torch.compile can work (``cannot_compile``). Otherwise "auto" compiles on a GPU (CUDA graphs
+    remove the launch overhead that dominates a decoding step) and not on a CPU: there a graph of a 16-layer
+    model costs tens of seconds of dynamo tracing and compiling per node-count bucket and row count, and
+    inductor's on-disk cache saves only part of it (docs/compile.md), which a short run such as ``make demo``
+    never earns back."""
     setting = os.environ.get("LANTERN_COMPILE", "").strip().lower()
     if setting in ("0", "false", "off", "no"):
         return f"LANTERN_COMPILE={os.environ['LANTERN_COMPILE']}"
+    why_not = cannot_compile(device)
+    if why_not is not None:
+        return why_not
+    if device.type == "cpu" and setting not in ("1", "true", "on", "yes"):
+        return "on a CPU each graph costs tens of seconds to trace and compile, more than a short run saves; " \
+               "LANTERN_COMPILE=1 or compile=True for long runs"
+    return None
+
+
+def cannot_compile(device: torch.device) -> Optional[str]:
+    """Why torch.compile cannot work on ``device`` here, or None: a Python dynamo does not support, no C++
+    compiler (CPU), no Triton (GPU), a device inductor does not generate code for."""
     if not torch._dynamo.is_dynamo_supported():
         return "torch.compile does not support this Python"
     if device.type == "cpu":
         compiler = os.environ.get("CXX", "g++")
-        if not any(shutil.which(c) for c in (compiler, "g++", "c++", "clang++")):
-            return "no C++ compiler for inductor (set CXX)"
-        if setting not in ("1", "true", "on", "yes"):
-            return "on a CPU each graph costs tens of seconds to trace and compile, more than a short run saves; " \
-                   "LANTERN_COMPILE=1 or compile=True for long runs"
-        return None
+        return None if any(shutil.which(c) for c in (compiler, "g++", "c++", "clang++")) else \
+            "no C++ compiler for inductor (set CXX)"
     if device.type == "cuda":
         from torch.utils._triton import has_triton
 
         return None if has_triton() else "Triton is not installed (inductor's GPU code generator)"
     return f"inductor does not generate code for {device.type} tensors"
+
+
+def baseline_compile(device: torch.device) -> bool:
+    """Whether the AR that printed speed-ups are held against is compiled on ``device``: the fastest AR lantern
+    runs there, so compiled wherever torch.compile works (CPUs included, whatever "auto" decides for the
+    run), unless LANTERN_COMPILE=0."""
+    setting = os.environ.get("LANTERN_COMPILE", "").strip().lower()
+    return setting not in ("0", "false", "off", "no") and cannot_compile(torch.device(device)) is None
 
 
 def use_lantern_cache_for_inductor() -> None:
