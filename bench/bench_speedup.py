@@ -7,6 +7,7 @@ Contenders (``--methods``; eager and compiled under their own names):
   reference-eager  the same loop without torch.compile
   ar, ar+compile   lantern's AR loop, eager and compile=True
   lantern, lantern+compile   LANTERN (k 1000, delta 0.1, tree auto, the shipped EAGLE drafter)
+  lantern-chain[+compile]    LANTERN with a fixed chain of 5 drafts (what tree auto picks most at batch 1)
   exact, exact+compile       exact speculative decoding (delta 0, tree auto)
   sjd, sjd+compile           Jacobi self-drafting, exact (no drafter), tree auto
   default        ``lantern.generate(gpt, labels, drafter=..., neighbours=...)`` with nothing else set: what a
@@ -45,9 +46,11 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 ANCHOR = "reference"
 SPECULATIVE = {"lantern": dict(method="lantern", tree="auto", k=1000, delta=0.1),
                "exact": dict(method="spec", tree="auto"),
-               "sjd": dict(method="sjd", tree="auto")}
-METHODS = ("reference", "reference-eager", "ar", "ar+compile", "lantern", "lantern+compile", "exact",
-           "exact+compile", "sjd", "sjd+compile", "default")
+               "sjd": dict(method="sjd", tree="auto"),
+               # a fixed plan: the chain tree="auto" picks most at batch 1; no calibration, few graphs to compile
+               "lantern-chain": dict(method="lantern", tree="chain", depth=5, k=1000, delta=0.1)}
+METHODS = ("reference", "reference-eager", "ar", "ar+compile", "lantern", "lantern+compile", "lantern-chain",
+           "lantern-chain+compile", "exact", "exact+compile", "sjd", "sjd+compile", "default")
 QUICK_METHODS = ("reference", "ar", "ar+compile", "lantern", "lantern+compile", "default")
 
 
@@ -104,12 +107,14 @@ class Contenders:
         method, _, compiled = name.partition("+")
         options = dict(SPECULATIVE[method], compile=bool(compiled))
         if method != "sjd":
-            options.update(drafter=self.drafter, neighbours=self.table if method == "lantern" else None)
+            options.update(drafter=self.drafter, neighbours=self.table if options["method"] == "lantern" else None)
+        if options["tree"] != "auto":
+            return options
         if name not in self.cost_models:  # resolved before timing, as the CLI does (in the warm-up)
             from lantern.decoding import SpecConfig, resolve_cost_model
 
-            config = SpecConfig(method=options["method"], **{key: options[key] for key in ("k", "delta") if key in options},
-                                compile=options["compile"])
+            config = SpecConfig(method=options["method"], compile=options["compile"],
+                                **{key: options[key] for key in ("k", "delta") if key in options})
             self.cost_models[name] = resolve_cost_model(self.gpt, options.get("drafter"), chunk,
                                                         options.get("neighbours"), config=config, **self.sampling)
         return dict(options, cost_model=self.cost_models[name])
@@ -148,7 +153,8 @@ def run(report: Report, batches=(1, 8, 40), threads=(1,), repeats: int = 3, meth
                 case = f"{n_threads}t B={B} L={L} x{calls}" + (" (cpu clock)" if clock == "cpu" else "")
                 rows = {}
                 for name, seconds in medians.items():
-                    row = dict(seconds=seconds, images=calls * B, tokens_per_s=calls * B * L / seconds, tau=contenders.tau(name),
+                    row = dict(seconds=seconds, images=calls * B, tokens_per_s=calls * B * L / seconds,
+                               tau=contenders.tau(name),
                                vs_reference=medians[ANCHOR] / seconds, compile_s=contenders.compile_s[name],
                                plans=contenders.plans(name))
                     if "ar" in medians:

@@ -11,6 +11,7 @@ import lantern
 from lantern.decoding import generate_ar
 from lantern.models.drafter import GPTDrafter
 from models.gpt_testing import small_gpt
+from threads import run_in_threads
 
 
 @pytest.fixture(scope="module")
@@ -48,34 +49,13 @@ def _calls(gpt, drafter):
     ]
 
 
-def _run_in_threads(calls, together: bool):
-    """Runs every call in a thread of its own, all at once (``together``) or one after the other."""
-    results, errors = [None] * len(calls), []
-    start = threading.Barrier(len(calls) if together else 1)
-
-    def worker(i):
-        try:
-            start.wait()
-            results[i] = calls[i]()
-        except BaseException as e:  # noqa: BLE001 -- reported by the test
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-        if not together:
-            t.join()
-    for t in threads:
-        t.join(timeout=600)
-    assert not errors, errors
-    return results
 
 
 def test_concurrent_calls_on_one_model_each_get_their_own_tokens(gpt, drafter, one_thread_per_op):
     calls = _calls(gpt, drafter)
-    alone = _run_in_threads(calls, together=False)
+    alone = run_in_threads(calls, together=False)
     for _ in range(2):
-        together = _run_in_threads(calls, together=True)
+        together = run_in_threads(calls, together=True)
         for want, got in zip(alone, together):
             assert torch.equal(got, want)
 

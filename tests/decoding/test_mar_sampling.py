@@ -15,6 +15,7 @@ from lantern.decoding import sample_mar
 from mar_testing import recording_head_inputs, small_mar
 from rounding import shape_dependent_rounding
 from stats import philox_ref
+from threads import run_in_threads
 
 
 CASES = [(0, mar_loop.PURPOSE_X_T, 0, 0, 0), (7, mar_loop.PURPOSE_EPS, 12, 63, 49),
@@ -176,7 +177,6 @@ def test_bad_arguments(model):
 def test_threads_sampling_one_model_get_the_images_they_get_alone(model):
     """A MAR model holds no decoding state (no cache): concurrent calls need no guard. One intra-op thread, so
     that every run's matrix products round alike."""
-    import threading
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -187,24 +187,10 @@ def test_threads_sampling_one_model_get_the_images_they_get_alone(model):
                                         temperature=run.get("temperature", 1.0),
                                         on_step=lambda s, n: time.sleep(0.002)).tokens
 
-        def in_threads(together):
-            out, start = [None] * len(runs), threading.Barrier(len(runs) if together else 1)
 
-            def worker(i):
-                start.wait()
-                out[i] = sample(runs[i])
-
-            threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(runs))]
-            for t in threads:
-                t.start()
-                if not together:
-                    t.join()
-            for t in threads:
-                t.join(timeout=600)
-            return out
-
-        alone = in_threads(False)
-        for want, got in zip(alone, in_threads(True)):
+        calls = [lambda run=run: sample(run) for run in runs]
+        alone = run_in_threads(calls, together=False)
+        for want, got in zip(alone, run_in_threads(calls, together=True)):
             assert torch.equal(got, want)
     finally:
         torch.set_num_threads(before)

@@ -803,7 +803,8 @@ def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan],
     drafting rules)."""
     jacobi = {"coupling": config.coupling, "init": config.init} if config.method == "sjd" else {}
     compiled = {} if compile_options is None else {"compiled": repr(sorted(compile_options.items()))}
-    return {**jacobi, **compiled, "method": config.method, "k": config.k if relaxed else 0, "budget": config.budget if relaxed else "",
+    return {**jacobi, **compiled, "method": config.method, "k": config.k if relaxed else 0,
+            "budget": config.budget if relaxed else "",
             "lam": config.lam if relaxed else None, "guided": sampling.guided, "length": L,
             # the acceptance the calibration measures depends on these (the step costs do not)
             "delta": config.delta if relaxed else 0.0, "cfg_scale": _number(sampling.cfg_scale),
