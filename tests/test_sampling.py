@@ -646,6 +646,11 @@ def test_numpy_integers_and_paths_are_accepted_as_the_cli_would_read_them(tmp_pa
     assert check_api_value("classes", actions["classes"], (np.int32(1), 2)) == [1, 2]
     assert check_api_value("out", actions["out"], tmp_path) == str(tmp_path)
     assert check_api_value("cfg_scale", actions["cfg_scale"], 2) == 2.0
+    # compile as lantern.generate takes it, or as the CLI spells it
+    assert [check_api_value("compile", actions["compile"], v) for v in (True, False, "auto", "off")] == \
+        ["on", "off", "auto", "off"]
+    with pytest.raises(ValueError, match="compile must be one of"):
+        check_api_value("compile", actions["compile"], "yes")
 
 
 # ---------------------------------------------------------------------------------------------- the folder's layout

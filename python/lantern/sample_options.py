@@ -64,6 +64,8 @@ def check_api_value(dest: str, action: argparse.Action, value):
         if action.default is None and not action.required and action.nargs != 0:
             return None
         raise TypeError(f"sample(): {dest} cannot be None")
+    if dest == "compile" and isinstance(value, bool):  # compile=True / False as lantern.generate takes it
+        return "on" if value else "off"
     if action.nargs == 0:  # a flag (store_true)
         if not isinstance(value, bool):
             raise TypeError(f"sample(): {dest} must be True or False, got {value!r}")

@@ -185,7 +185,8 @@ def numerics_of(args, sampler) -> dict:
     device = torch.device(args.device)
     model = getattr(sampler, "gpt", None) or getattr(sampler, "mar")
     record = dict(dtype=str(next(model.parameters()).dtype).replace("torch.", ""), fused=resolved_backends(device),
-                  compile=_compile_record(args.compile, device), device=device.type, torch=torch.__version__, lantern=__version__)
+                  compile=_compile_record(args.compile, device), device=device.type, torch=torch.__version__,
+                  lantern=__version__)
     if device.type == "cuda":
         record.update(processor=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     else:
