@@ -113,23 +113,11 @@ class Context:
 
     def seconds(self, fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
         """Median seconds of ``fn``: CUDA events on a GPU, the wall clock on the CPU."""
-        for _ in range(warmup):
-            fn()
-        self.sync()
-        times = []
-        for _ in range(repeats):
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        from bench.common import cuda_median_seconds, median_seconds
+
+        if self.device.type == "cuda":
+            return cuda_median_seconds(fn, repeats=repeats, warmup=warmup)
+        return median_seconds(fn, repeats=repeats, warmup=warmup)
 
 
 def _rows_equal(a, b) -> torch.Tensor:
