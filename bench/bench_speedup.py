@@ -75,8 +75,7 @@ class Contenders:
 
     def __init__(self, gpt, drafter, table, sampling, labels):
         self.gpt, self.drafter, self.table, self.sampling, self.labels = gpt, drafter, table, sampling, labels
-        self.reference = {name: ReferenceAR(ReferenceGPT.from_lantern(gpt), compile=name == ANCHOR)
-                          for name in ("reference", "reference-eager")}
+        self.reference = {}  # name -> its ReferenceAR, made on first use (a copy of the weights each)
         self.stats = {}
         self.compile_s = {}
         self.cost_models = {}
@@ -86,6 +85,8 @@ class Contenders:
         for i, chunk in enumerate(self.labels):
             settings = dict(self.sampling, seed=self.sampling["seed"] + i)
             if name.startswith("reference"):
+                if name not in self.reference:
+                    self.reference[name] = ReferenceAR(ReferenceGPT.from_lantern(self.gpt), compile=name == ANCHOR)
                 ar = self.reference[name]
                 ar.generate(chunk, cfg_scale=settings["cfg_scale"], temperature=settings["temperature"],
                             top_k=settings["top_k"], seed=settings["seed"])

@@ -30,6 +30,7 @@ from typing import Dict, Sequence
 import numpy as np
 import torch
 
+from .decoding.compiled import COMPILE_CHOICES, resolve_compile
 from .sample_folder import (CONFIG_FILE, FORMAT, IMAGES, LOCK_FILE, NPZ_FILE, RUNS, SHARDS,  # noqa: F401 re-exported
                             SampleFolder, block_count, block_ids, differences, digest)
 from .sample_options import MAR_MODELS, check_api_value, check_sample_options
@@ -161,16 +162,8 @@ def cpu_capability() -> str:
     return "+".join([torch.backends.cpu.get_cpu_capability(), *features])
 
 
-def compile_choices() -> dict:
-    from .decoding.compiled import COMPILE_CHOICES
-
-    return COMPILE_CHOICES
-
-
 def _compile_record(choice: str, device: torch.device) -> bool:
     """Whether the forwards run compiled (compiled graphs round differently from eager ones)."""
-    from .decoding.compiled import COMPILE_CHOICES, resolve_compile
-
     return resolve_compile(COMPILE_CHOICES[choice], device).on
 
 
@@ -227,7 +220,7 @@ class DiscreteSampler:
         self.sampling = dict(cfg_scale=cfg_scale, temperature=args.temperature, top_k=top_k, top_p=args.top_p,
                              cfg_interval=args.cfg_interval)
         self.method, self.L = args.method, self.gpt.config.block_size
-        self.options = dict(method=args.method, compile=compile_choices()[args.compile])
+        self.options = dict(method=args.method, compile=COMPILE_CHOICES[args.compile])
         self.settings = dict(self.sampling)
         if args.method != "ar":
             codes = self.vq.quantize.embedding.weight.shape[0]

@@ -76,8 +76,8 @@ def check_compile(compile) -> None:
 def resolve_compile(compile: CompileOption, device: torch.device) -> CompileChoice:
     """``compile`` on ``device``: False -> eager; True -> inductor (mode="reduce-overhead", CUDA graphs, on a
     GPU); a dict -> those options; "auto" -> True where torch.compile can work on the device, else eager, with
-    the reason. Compiling also points inductor's on-disk caches at lantern's cache folder (once per process,
-    unless TORCHINDUCTOR_CACHE_DIR is set), so a graph is compiled once per machine."""
+    the reason. Compiling also points inductor's on-disk caches at lantern's cache folder (unless the user chose
+    another TORCHINDUCTOR_CACHE_DIR), so the next process loads a graph instead of compiling it."""
     check_compile(compile)
     device = torch.device(device)
     if compile is False or compile is None:
@@ -107,13 +107,13 @@ def compile_unavailable(device: torch.device) -> Optional[str]:
     model costs tens of seconds of dynamo tracing and compiling per node-count bucket and row count, and
     inductor's on-disk cache saves only part of it (docs/compile.md), which a short run such as ``make demo``
     never earns back."""
-    setting = os.environ.get("LANTERN_COMPILE", "").strip().lower()
-    if setting in ("0", "false", "off", "no"):
+    setting = _compile_setting()
+    if setting is False:
         return f"LANTERN_COMPILE={os.environ['LANTERN_COMPILE']}"
     why_not = cannot_compile(device)
     if why_not is not None:
         return why_not
-    if device.type == "cpu" and setting not in ("1", "true", "on", "yes"):
+    if device.type == "cpu" and setting is not True:
         return "on a CPU each graph costs tens of seconds to trace and compile, more than a short run saves; " \
                "LANTERN_COMPILE=1 or compile=True for long runs"
     return None
@@ -139,8 +139,13 @@ def baseline_compile(device: torch.device) -> bool:
     """Whether the AR that printed speed-ups are held against is compiled on ``device``: the fastest AR lantern
     runs there, so compiled wherever torch.compile works (CPUs included, whatever "auto" decides for the
     run), unless LANTERN_COMPILE=0."""
+    return _compile_setting() is not False and cannot_compile(torch.device(device)) is None
+
+
+def _compile_setting() -> Optional[bool]:
+    """LANTERN_COMPILE: False (0, false, off, no), True (1, true, on, yes) or None (unset or anything else)."""
     setting = os.environ.get("LANTERN_COMPILE", "").strip().lower()
-    return setting not in ("0", "false", "off", "no") and cannot_compile(torch.device(device)) is None
+    return False if setting in ("0", "false", "off", "no") else True if setting in ("1", "true", "on", "yes") else None
 
 
 def use_lantern_cache_for_inductor() -> None:
