@@ -11,10 +11,15 @@ model's; the forward costs do not depend on the weights.
 
     python -m bench.bench_hf [--kinds janus chameleon emu3] [--shape tiny|janus-pro-1b|chameleon-7b]
                              [--dtype float32|bfloat16] [--device cpu|cuda] [--batches 1 8] [--repeats 15]
-                             [--sections overhead decode] [--clock cpu|wall] [--json PATH]
+                             [--sections overhead decode] [--clock cpu|wall] [--compile auto|on|off]
+                             [--rehearse] [--json PATH]
 
 On a GPU run the model shapes: ``--device cuda --dtype bfloat16 --kinds janus --shape janus-pro-1b`` and
 ``--kinds chameleon --shape chameleon-7b``. On the CPU only the tiny shape is meant (one thread).
+``--compile`` is lantern.generate's (auto: compiled on a GPU; each method's first run, a warm-up, compiles its
+graphs); the choice is printed per method. ``--rehearse`` runs every section through once on a cut-down model
+of the named shape (its widths and vocabularies, 1 layer, a 4 x 4 image; 2 repeats): the GPU run's code
+paths, in seconds, with no meaning in its times.
 """
 from __future__ import annotations
 
@@ -25,19 +30,21 @@ import torch
 
 import lantern
 import lantern.hf
+from lantern.decoding.compiled import COMPILE_CHOICES
 from lantern.hf.random_models import SHAPES, janus_tokens, random_model
 
 from .common import Report, interleaved_medians
 
 PROMPT = [1, 5, 6, 7, 8]
 CACHED = 24  # codes committed before the timed forward
+REHEARSAL = dict(layers=1, side=4)  # --rehearse: the shape's widths, one layer, a 4 x 4 image
 
 
-def build(kind: str, shape: str, dtype, device):
-    m = random_model(kind, shape, dtype=dtype, device=device)
+def build(kind: str, shape: str, dtype, device, **overrides):
+    m = random_model(kind, shape, dtype=dtype, device=device, **overrides)
     options = janus_tokens(m.config) if kind == "janus" else {}
     if kind in ("emu3", "chameleon"):
-        side = SHAPES[shape]["side"]
+        side = overrides.get("side", SHAPES[shape]["side"])
         options["image_size"] = (side, side)
     return m, lantern.hf.wrap(m, **options)
 
@@ -114,7 +121,7 @@ def overhead(report: Report, kind, m, target, batches, repeats, device, clock):
             report.ratio("hf_forward", case, "wrapped", "plain")
 
 
-def decode(report: Report, kind, m, target, batches, device, repeats: int):
+def decode(report: Report, kind, m, target, batches, device, repeats: int, compile="auto"):
     methods = {"ar": dict(method="ar"), "sjd": dict(method="sjd", tree="chain", window=8),
                "sjd+relaxed": dict(method="lantern", tree="chain", window=8, k=min(1000, target.rules.n_codes - 1),
                                    delta=0.2)}
@@ -125,18 +132,23 @@ def decode(report: Report, kind, m, target, batches, device, repeats: int):
 
         def run(options, name):
             def go():
-                codes, st = lantern.generate(target, ids, cfg_scale=5.0, seed=0, **options)
-                stats[name] = st
+                run_stats = {} if options["method"] == "ar" else None
+                extra = {"stats": run_stats} if run_stats is not None else {}
+                codes, st = lantern.generate(target, ids, cfg_scale=5.0, seed=0, compile=compile, **options, **extra)
+                stats[name] = st if st is not None else run_stats
                 return codes
             return synced(go, device)
 
         medians = interleaved_medians({name: run(o, name) for name, o in methods.items()}, repeats=repeats, warmup=1)
         for name, seconds in medians.items():
             st = stats[name]
-            extra = {} if st is None else dict(tau=st.tau, target_forwards=st.target_forwards)
+            if isinstance(st, dict):  # AR: generate_ar's stats
+                extra = dict(compile=st["compile"])
+            else:
+                extra = dict(tau=st.tau, target_forwards=st.target_forwards, compile=st.compile)
             report.add("hf_decode", case, name, seconds, **extra)
-            if st is not None:
-                print(f"{'':>18} {case:<34} {name}: tau {st.tau:.2f}, {st.target_forwards} target forwards")
+            figures = "" if isinstance(st, dict) else f"tau {st.tau:.2f}, {st.target_forwards} target forwards, "
+            print(f"{'':>18} {case:<34} {name}: {figures}compile {extra['compile']}")
         for name in ("sjd", "sjd+relaxed"):
             report.ratio("hf_decode", case, "ar", name)
 
@@ -154,8 +166,15 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (the tiny models' forwards)")
     parser.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
                         help="overhead on the CPU: this process's CPU time (one thread: an idle machine's wall time)")
+    parser.add_argument("--compile", default="auto", choices=sorted(COMPILE_CHOICES),
+                        help="lantern.generate's compile for the decode section (auto: compiled on a GPU)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="every section once on a cut-down model of --shape (1 layer, 4 x 4 image), 2 repeats")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    overrides = dict(REHEARSAL) if args.rehearse else {}
+    if args.rehearse:
+        args.repeats, args.decode_repeats = 2, 1
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
@@ -166,13 +185,14 @@ def main(argv=None):
           f"{__import__('transformers').__version__}")
     for kind in args.kinds:
         t0 = time.perf_counter()
-        m, target = build(kind, args.shape, dtype, device)
+        m, target = build(kind, args.shape, dtype, device, **overrides)
         print(f"{kind}: built in {time.perf_counter() - t0:.1f} s")
         torch.manual_seed(0)
         if "overhead" in args.sections:
             overhead(report, kind, m, target, args.batches, args.repeats, device, clock)
         if "decode" in args.sections:
-            decode(report, kind, m, target, args.batches, device, args.decode_repeats)
+            decode(report, kind, m, target, args.batches, device, args.decode_repeats,
+                   COMPILE_CHOICES[args.compile])
         del m, target
         if device.type == "cuda":
             torch.cuda.empty_cache()

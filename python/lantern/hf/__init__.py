@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 from .target import Target, TargetConfig
 
-__all__ = ["wrap", "generate", "lumina_mgpt_options", "Target", "TargetConfig", "HFTarget"]
+__all__ = ["wrap", "generate", "lumina_mgpt_options", "Target", "TargetConfig", "HFTarget", "NotTraceable"]
 
 
 def wrap(model, *, image_size: Optional[Tuple[int, int]] = None, bos_token_id: Optional[int] = None,
@@ -103,8 +103,11 @@ def __getattr__(name):
         from .adapter import HFTarget
 
         return HFTarget
-    if name == "generate":
-        from .generate import generate
+    if name in ("generate", "NotTraceable"):
+        import importlib
 
-        return generate
+        module = importlib.import_module(".generate", __name__)
+        # importing the submodule bound the package's name "generate" to it: bind the function instead
+        globals().update(generate=module.generate, NotTraceable=module.NotTraceable)
+        return globals()[name]
     raise AttributeError(name)

@@ -207,6 +207,8 @@ class HFTarget:
             position_ids = self.next_pos[:R, None] + positions
         if self.tree_attention:
             return self._tree_fused(tokens, cache_len, position_ids, tree_mask), positions
+        if torch.compiler.is_compiling():
+            return self._tree_traced(tokens, cache_len, position_ids, tree_mask), positions
         if tree_mask is not None and _is_chain(tree_mask, T):
             tree_mask = None  # the chain's mask without unpacking the bits (Jacobi windows, chains)
         shortest, longest = torch.aminmax(cache_len).__iter__() if R > 1 else (cache_len[0], cache_len[0])
@@ -221,6 +223,15 @@ class HFTarget:
         # a mask) is the cache's (``RowCache.get_mask_sizes``)
         mask = None if T == 1 and shortest == longest else tree_attention_mask(cache_len, tree_mask, T, n_keys)
         return self._decoder(embeds, mask, position_ids, cache_len, n_keys), positions
+
+    def _tree_traced(self, tokens, cache_len, position_ids, tree_mask) -> torch.Tensor:
+        """The decoder as torch.compile traces it (``decoding/compiled.py``): no host read, so the attention reads
+        the whole cache (n_keys = Lmax, a graph of one shape per node count) under the dense 4D mask, which
+        hides the positions past each row's nodes. The cache has room for every node (the loops size it)."""
+        T, n_keys = tokens.shape[1], self.cache.max_len
+        embeds = self.rules.embed_codes(tokens)  # [R, T, D]
+        mask = tree_attention_mask(cache_len, tree_mask, T, n_keys)  # [R, 1, T, Lmax]
+        return self._decoder(embeds, mask, position_ids, cache_len, n_keys)
 
     def _tree_fused(self, tokens, cache_len, position_ids, tree_mask) -> torch.Tensor:
         """The decoder with ``ops.tree_attention`` as its attention (wrap(attention="lantern")): no dense mask,

@@ -86,11 +86,13 @@ def load_llamagen_hf(path_or_state_dict, name: str = "GPT-XL", model_type: str =
 
 
 def load_lantern_drafter(path_or_state_dict, target: Transformer, *, norm_eps: float = 1e-6,
-                         dtype: Optional[torch.dtype] = None) -> EagleDrafter:
+                         dtype: Optional[torch.dtype] = None, attend_condition: Optional[bool] = None) -> EagleDrafter:
     """Their EAGLE drafter (``fc.weight`` [D, 2D], ``fc.bias``, ``layers.N.self_attn...``, ``embed_tokens.weight``)
     -> ``EagleDrafter(layout="eagle1")`` bound to ``target`` (lantern's GPT of the same width), loaded strictly.
     norm_eps: their config's rms_norm_eps (1e-6 in their LlamaGen configs). Their ``embed_tokens`` must equal the
-    target's token embedding (the drafter reads the target's)."""
+    target's token embedding (the drafter reads the target's). attend_condition (default: a t2i target): the
+    drafter sees the target's hidden states over the caption as a prefix, as their T2I loop feeds it
+    (``EagleDrafter``'s attend_condition)."""
     raw = dict(read_state_dict(path_or_state_dict))
     embedding = raw.pop("embed_tokens.weight", None)
     state = _convert(raw, _DRAFTER, "LANTERN drafter checkpoint")
@@ -108,7 +110,9 @@ def load_lantern_drafter(path_or_state_dict, target: Transformer, *, norm_eps: f
     config = replace(target.config, norm_eps=norm_eps)
     device = target_embedding.device
     with torch.device("meta"):
-        drafter = EagleDrafter(config, n_layer=len(layers), layout="eagle1")
+        if attend_condition is None:
+            attend_condition = target.config.model_type == "t2i"
+        drafter = EagleDrafter(config, n_layer=len(layers), layout="eagle1", attend_condition=attend_condition)
     check_state_dict(drafter, state, f"EAGLE drafter ({len(layers)} layers, eagle1 layout)")
     drafter.load_state_dict({k: v.to(device=device, dtype=dtype or v.dtype) for k, v in state.items()},
                             strict=True, assign=True)

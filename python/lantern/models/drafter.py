@@ -41,15 +41,27 @@ class EagleDrafter(nn.Module):
 
     LAYOUTS = ("lantern", "eagle1")
 
-    def __init__(self, target_config: GPTConfig, n_layer: int = 1, layout: str = "lantern"):
+    def __init__(self, target_config: GPTConfig, n_layer: int = 1, layout: str = "lantern",
+                 attend_condition: bool = False):
         """layout "lantern": every block normalises its input and a final RMSNorm precedes the head; "eagle1":
         EAGLE's original head (the LANTERN authors' drafters), no input norm in the first block (fc's output
-        enters its attention as is) and no final norm."""
+        enters its attention as is) and no final norm.
+
+        attend_condition: the drafter's sequence starts with the condition, as the LANTERN authors' LlamaGen
+        T2I drafters see it (their ``ea_model_llamagen.initialize_tree`` and ``cnets_llamagen.Model``): a
+        prefix of C - 1 positions (C = the target's cond_len: 119 of the 120 caption positions), position p
+        holding fc([E[0]; h_p]), E[0] the target's embedding of code 0 (their input id 0) and h_p the
+        target's post-norm hidden state at condition position p; the last condition position's hidden state
+        pairs with image token 0 as without the option. The prefix has LlamaGen's zero rotary rows (so its
+        queries and keys are zero in every layer: every query gives each prefix key the logit 0) and no
+        padding mask (padded caption positions are seen too, as their inference passes no mask); it is
+        causal among itself, and every image position sees all of it. Off: the condition reaches the
+        drafter only through the hidden states paired with the image tokens."""
         super().__init__()
         if layout not in self.LAYOUTS:
             raise ValueError(f"layout must be one of {self.LAYOUTS}, got {layout!r}")
         cfg = replace(target_config, n_layer=n_layer)
-        self.config, self.layout = cfg, layout
+        self.config, self.layout, self.attend_condition = cfg, layout, bool(attend_condition)
         self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
@@ -60,19 +72,30 @@ class EagleDrafter(nn.Module):
         self.register_buffer("freqs_cis", rope, persistent=False)
         self.register_buffer("kv_cache", None, persistent=False)
         self._target = None  # (embedding, output head) of the target, not parameters of the drafter
+        self._condition_source = ()  # attend_condition: (the bound target,), whose condition_hidden it reads
         self.cache_len = None
 
     def bind(self, target: Transformer) -> "EagleDrafter":
         self._target = (target.tok_embeddings, target.output)
+        if self.attend_condition:
+            if not hasattr(target, "keep_condition_hidden"):
+                raise ValueError(f"attend_condition needs a target that keeps its condition's hidden states "
+                                 f"(lantern's GPT), got {type(target).__name__}")
+            target.keep_condition_hidden = True
+            self._condition_source = (target,)  # a tuple: the target is not a submodule of the drafter
         return self
+
+    @property
+    def prefix_len(self) -> int:
+        """Cache positions the condition takes in the drafter (C - 1 with attend_condition, else 0)."""
+        return max(self.config.cond_len - 1, 0) if self.attend_condition else 0
 
     # -- the network --------------------------------------------------------------------------------
 
     def predict(self, tokens, features, positions, step: Optional[CacheStep] = None) -> torch.Tensor:
         """tokens [R, T], features [R, T, dim] (the target hidden state before each token), positions
         [R, T] raster indices -> predicted next hidden states [R, T, dim]."""
-        embed, _ = self._target
-        x = self.fc(torch.cat([embed(tokens).to(features.dtype), features], dim=-1))
+        x = self._fc(tokens, features)
         rope = self.freqs_cis[positions]  # [R, T, Dh/2, 2]
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, None if step is None else (self.kv_cache, i), step)
@@ -81,22 +104,69 @@ class EagleDrafter(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._target[1](hidden).float()
 
-    def forward_train(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def forward_train(self, tokens: torch.Tensor, features: torch.Tensor,
+                      condition_hidden: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Whole images, causal: tokens [R, L], features [R, L, dim] = target hidden before each token
-        (position 0: the last condition position) -> predicted hidden states [R, L, dim]."""
+        (position 0: the last condition position) -> predicted hidden states [R, L, dim]. With
+        attend_condition, condition_hidden [R, C, dim] (the target's hidden states over the condition) is the
+        prefix the image positions see."""
         positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
-        return self.predict(tokens, features, positions)
+        if not self.attend_condition:
+            return self.predict(tokens, features, positions)
+        x_prefix = self._prefix_input(self._checked_condition(condition_hidden, tokens.shape[0]))  # [R, C-1, dim]
+        x = torch.cat([x_prefix, self._fc(tokens, features)], 1)
+        rope = torch.cat([self._prefix_rope(x_prefix), self.freqs_cis[positions]], 1)
+        for layer in self.layers:
+            x = layer(x, rope)
+        return self.norm(x[:, x_prefix.shape[1]:])
+
+    def _fc(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        embed, _ = self._target
+        return self.fc(torch.cat([embed(tokens).to(features.dtype), features], dim=-1))
+
+    def _checked_condition(self, hidden: Optional[torch.Tensor], rows: int) -> torch.Tensor:
+        C, D = self.config.cond_len, self.config.dim
+        if hidden is None or hidden.dim() != 3 or hidden.shape[0] < rows or tuple(hidden.shape[1:]) != (C, D):
+            raise ValueError(f"attend_condition needs the target's hidden states over its condition [{rows}, {C}, "
+                             f"{D}] (a prefill of the bound target), got "
+                             f"{None if hidden is None else list(hidden.shape)}")
+        return hidden[:rows]
+
+    def _prefix_input(self, condition_hidden: torch.Tensor) -> torch.Tensor:
+        """[R, C, dim] -> fc([E[0]; h_p]) for p < C - 1: [R, C - 1, dim]."""
+        R, n = condition_hidden.shape[0], self.prefix_len
+        code_0 = torch.zeros(R, n, dtype=torch.int64, device=condition_hidden.device)
+        return self._fc(code_0, condition_hidden[:, :n].to(self.fc.weight.dtype))
+
+    def _prefix_rope(self, x_prefix: torch.Tensor) -> torch.Tensor:
+        """LlamaGen's rotary rows of condition positions: zeros [R, C - 1, Dh/2, 2]."""
+        R, n = x_prefix.shape[:2]
+        return self.freqs_cis.new_zeros(R, n, *self.freqs_cis.shape[1:])
 
     # -- the decoding interface ---------------------------------------------------------------------
 
     def reset(self, cond: torch.Tensor, rows: int, max_len: int, emb_masks: Optional[torch.Tensor] = None) -> None:
-        """The head attends to image positions only (the condition reaches it through the target's hidden
-        states), so neither cond nor the caption padding emb_masks enters its cache."""
+        """Without attend_condition the head attends to image positions only (the condition reaches it through
+        the target's hidden states), so neither cond nor the caption padding emb_masks enters its cache. With
+        it, the cache starts with the condition prefix (``__init__``), built from the hidden states the bound
+        target kept at its prefill (``Transformer.condition_hidden``); emb_masks is not applied (their
+        drafters see every caption position)."""
         cfg = self.config
         weight = self.fc.weight
-        self.kv_cache = torch.zeros(cfg.n_layer, 2, rows, cfg.kv_heads, max_len, cfg.head_dim,
+        n = self.prefix_len
+        self.kv_cache = torch.zeros(cfg.n_layer, 2, rows, cfg.kv_heads, n + max_len, cfg.head_dim,
                                     dtype=weight.dtype, device=weight.device)
         self.cache_len = torch.zeros(rows, dtype=torch.int64, device=weight.device)
+        if n == 0:
+            return
+        source = self._condition_source[0] if self._condition_source else None
+        hidden = self._checked_condition(getattr(source, "condition_hidden", None), rows)
+        x = self._prefix_input(hidden)  # [rows, n, dim]
+        rope = self._prefix_rope(x)
+        step = _chain_step(self.cache_len, n)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, (self.kv_cache, i), step)
+        self.cache_len = self.cache_len + n
 
     def commit(self, tokens, features, n_new, positions) -> Tuple[torch.Tensor, torch.Tensor]:
         step = _chain_step(self.cache_len, tokens.shape[1])

@@ -314,6 +314,10 @@ class Transformer(nn.Module):
         self.register_buffer("freqs_cis", None, persistent=False)  # [C + block_size, Dh/2, 2]
         self.register_buffer("kv_cache", None, persistent=False)  # [n_layer, 2, B, Hkv, Lmax, Dh]
         self.register_buffer("cond_keys", None, persistent=False)  # [B] int64 condition keys per cache row
+        # keep_condition_hidden: a prefill keeps the post-norm hidden states of every condition position in
+        # ``condition_hidden`` [B, C, dim] (an EAGLE drafter that attends to the caption reads them)
+        self.keep_condition_hidden = False
+        self.condition_hidden: Optional[torch.Tensor] = None
         self.reset_rope()
         self.initialize_weights()
 
@@ -363,6 +367,7 @@ class Transformer(nn.Module):
     def free_cache(self) -> None:
         self.kv_cache = None
         self.cond_keys = None
+        self.condition_hidden = None
 
     # -- conditions and guidance --------------------------------------------------------------------
 
@@ -443,6 +448,8 @@ class Transformer(nn.Module):
             x = layer(x, rope, (self.kv_cache, i), step)
         if cond_idx is not None:
             self._commit_condition(cache_len, masks, T)
+            if self.keep_condition_hidden:
+                self.condition_hidden = self.norm(x[:, :n_cond])  # [B, C, dim]
         return self._head(x[:, max(n_cond - 1, 0):], return_hidden)
 
     def forward_full(self, idx: torch.Tensor, cond_idx: torch.Tensor, *, force_drop_ids: Optional[torch.Tensor] = None,
