@@ -44,7 +44,8 @@ FAST_IGNORE := --ignore=tests/test_sampling.py --ignore=tests/test_cli.py --igno
 	--ignore-glob='*test_sanitizers.py' --ignore-glob='*_cuda_emulated.py' --ignore-glob='*triton_compile.py' \
 	--ignore-glob='*test_cuda_build.py' --ignore=tests/stats/test_walk_statistics.py \
 	--ignore=tests/stats/test_continuous_laws.py --ignore=tests/stats/test_negative_controls.py \
-	--ignore=tests/hf/test_laws.py
+	--ignore=tests/hf/test_laws.py --ignore=tests/decoding/test_spec_statistics.py \
+	--ignore=tests/decoding/test_spec_statistics_tiny.py
 test-fast: install
 	$(VENV)/bin/python -m pytest -q -m "not slow" $(FAST_IGNORE)
 
