@@ -1,4 +1,4 @@
-# lantern: make install | test | demo | bench | gpu-check | clean | distclean
+# lantern: make install | test | test-fast | lint | demo | bench | gpu-check | clean | distclean
 # install creates .venv (if missing), installs requirements.txt, then builds lantern._C in place (editable).
 # It is cheap the second time: a stamp file remembers the last install, redone when setup.py, pyproject.toml,
 # requirements.txt or a csrc/ file changes, or when the built extension is missing.
@@ -14,7 +14,7 @@ VENV   := .venv
 STAMP  := $(VENV)/.lantern-installed
 CSRC   := $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: install test demo bench gpu-check clean distclean
+.PHONY: install test test-fast lint demo bench gpu-check clean distclean
 
 install: $(STAMP)
 
@@ -34,6 +34,26 @@ $(STAMP): $(VENV)/bin/python requirements.txt setup.py pyproject.toml $(CSRC)
 
 test: install
 	$(VENV)/bin/python -m pytest -q
+
+# the inner loop (README, "Contributing"): the tests not marked slow (the triton backend's are, under its
+# interpreter: tests/conftest.py), less the files that start processes or compilers (the CLI, lantern sample
+# under torchrun, make gpu-check, the sanitizer and emulator builds, the sm_90 Triton compiles) and the
+# statistical files that draw 10^5 samples per assertion; make test runs them all
+FAST_IGNORE := --ignore=tests/test_sampling.py --ignore=tests/test_cli.py --ignore=tests/test_cli_mar.py \
+	--ignore=tests/hf/test_hf_cli.py --ignore=tests/test_gpu_check.py --ignore=tests/test_fuzz.py \
+	--ignore-glob='*test_sanitizers.py' --ignore-glob='*_cuda_emulated.py' --ignore-glob='*triton_compile.py' \
+	--ignore-glob='*test_cuda_build.py' --ignore=tests/stats/test_walk_statistics.py \
+	--ignore=tests/stats/test_continuous_laws.py --ignore=tests/stats/test_negative_controls.py \
+	--ignore=tests/hf/test_laws.py --ignore=tests/decoding/test_spec_statistics.py \
+	--ignore=tests/decoding/test_spec_statistics_tiny.py
+test-fast: install
+	$(VENV)/bin/python -m pytest -q -m "not slow" $(FAST_IGNORE)
+
+# ruff (pyproject.toml [tool.ruff]) over the Python, clang-format (.clang-format) over csrc/: check only;
+# fix with .venv/bin/ruff check --fix . and .venv/bin/clang-format -i FILES
+lint: install
+	$(VENV)/bin/ruff check .
+	git ls-files -z 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' | xargs -0 $(VENV)/bin/clang-format --dry-run --Werror
 
 demo: install
 	$(VENV)/bin/lantern generate --method lantern --fused auto --per-class 1 --out samples.png --json samples.json

@@ -41,7 +41,9 @@ _register_hypothesis_profiles()
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need a CUDA device: skip them cleanly without one."""
+    """Tests marked ``gpu`` need a CUDA device: skip them cleanly without one. Without one, the triton backend's
+    tests run under Triton's interpreter (every program in Python, 10-30x the cpu backend's time): they are
+    marked ``slow``, so that ``make test-fast`` (-m "not slow") leaves them to ``make test``."""
     import pytest
     import torch
 
@@ -51,6 +53,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:  # not item.keywords: that also holds folder names
             item.add_marker(skip)
+        elif _kernel_test_backend(item) == "triton":
+            item.add_marker(pytest.mark.slow)
 
 
 FUSED_BACKENDS = ("cpu", "cuda", "triton")

@@ -5,7 +5,7 @@ the neighbour cache at once.
   backends' tables: it must happen once, and neither thread may see them half built), then each thread's
   ops run on its own backend and agree with the reference;
 - many threads switching backends (``lantern.fused``) and running ops for a while: each thread keeps its
-  own choice (it is per thread, README "Public API") and every result is the reference's;
+  own choice (it is per thread, docs/usage.md "Public API") and every result is the reference's;
 - writer processes that rebuild a neighbour table in a loop while reader processes read it: no error, no
   warning (a reader that saw half a file would warn and rebuild) and every table read is the right one
   (tests/test_hardening.py::test_7_concurrent_writers_and_readers does the same with threads).

@@ -91,6 +91,7 @@ def test_compiling_points_inductor_at_lanterns_cache(monkeypatch, tmp_path, befo
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
 
 
+@pytest.mark.slow  # torch.compile: 10-40 s of CPU
 @torch.no_grad()
 def test_the_stats_say_what_auto_resolved_to(monkeypatch):
     monkeypatch.setenv("LANTERN_COMPILE", "0")
@@ -115,6 +116,7 @@ def test_compiled_and_eager_costs_are_different_cache_entries():
         config, sampling, 16, plans, False, {})
 
 
+@pytest.mark.slow  # torch.compile: 10-40 s of CPU
 @torch.no_grad()
 def test_calibration_times_the_compiled_forwards(monkeypatch, tmp_path):
     """A compiled run's cost model is measured through the compiled forwards (the calibration makes the

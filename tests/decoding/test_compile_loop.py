@@ -95,6 +95,7 @@ def spec_run(target, drafter, tree: str, temperature: float, compile, method: st
                          temperature=temperature, seed=3)
 
 
+@pytest.mark.slow  # torch.compile: ~10 s of CPU per case
 @pytest.mark.parametrize("tree", ["chain", "dynamic", "static"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @torch.no_grad()
@@ -112,6 +113,7 @@ def test_compiled_speculative_loop_gives_the_eager_tokens(tree, temperature):
     assert torch.equal(again, want) and rerun.compiled_graphs == 0 and unique_graphs() == before + stats.compiled_graphs
 
 
+@pytest.mark.slow  # torch.compile: ~10 s of CPU per case
 @torch.no_grad()
 def test_compiled_auto_tree_loop_gives_the_eager_tokens_and_compiles_a_graph_per_bucket():
     """tree="auto" with a fixed cost model (reproducible plans): AR steps and several tree sizes in one run."""
@@ -135,6 +137,7 @@ def test_compiled_auto_tree_loop_gives_the_eager_tokens_and_compiles_a_graph_per
     assert stats.compiled_graphs == graphs <= 4 * len(BUCKETS)
 
 
+@pytest.mark.slow  # torch.compile: ~10 s of CPU per case
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @torch.no_grad()
 def test_compiled_ar_gives_the_eager_tokens(temperature):
@@ -183,6 +186,7 @@ class _StubVQ:
         return images.permute(0, 2, 3, 1).to(torch.uint8)  # [B, H, W, 3]
 
 
+@pytest.mark.slow  # torch.compile: ~10 s of CPU per case
 @pytest.mark.parametrize("method", ["ar", "lantern"])
 def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, method):
     """lantern generate --compile on small random models (the loaders replaced), aot_eager instead of inductor
@@ -220,6 +224,7 @@ def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, met
         assert "speed-up vs AR (compiled" in out and "speed-up vs eager AR" in out
 
 
+@pytest.mark.slow  # torch.compile: ~10 s of CPU per case
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
 @torch.no_grad()
 def test_compiled_loop_with_a_gpt_drafter_gives_the_eager_tokens(tree):
