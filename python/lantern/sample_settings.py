@@ -85,7 +85,6 @@ class SampleSettings:
     window: int = SpecConfig.window
     coupling: bool = SpecConfig.coupling
     init: str = _choice(SpecConfig.init, FRESH_INITS)
-    no_ar_baseline: bool = False
     # --method cspd (None: CSpDConfig's defaults)
     gamma: Optional[int] = None
     rule: Optional[str] = _choice(None, RULES)
