@@ -1,7 +1,7 @@
 """End-to-end decoding of the tiny model (lantern.pretrained.load_tiny): `lantern.generate` with the cpu
 backend (`lantern.fused("cpu")`) against the reference ops, timed in alternation in the same run, for
 method "ar" and for LANTERN speculative decoding with the CLI's defaults (dynamic tree, depth 5, 58 nodes,
-k = 1000, δ = 0.1; python/lantern/generate_cli.py). The drafter is the shipped EAGLE drafter
+k = 1000, δ = 0.1; python/lantern/cli/generate.py). The drafter is the shipped EAGLE drafter
 (python/lantern/weights/tiny/drafter.safetensors) when present, else a copy of the target used as its own
 drafter (GPTDrafter), which the output says. Both backends must emit the same tokens (SPEC §5: same seed,
 same result), which the bench checks and records."""

@@ -126,10 +126,10 @@ def test_tiny_mar_cspd_generates(tmp_path):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading a model fails the test: a refusal must come before it."""
-    from lantern import generate_cli, generate_mar_cli
+    from lantern import sources
 
-    for module in (generate_cli, generate_mar_cli):
-        monkeypatch.setattr(module, "_load", lambda args: pytest.fail("a model was loaded"))
+    for loader in ("load_discrete", "load_mar_models"):
+        monkeypatch.setattr(sources, loader, lambda args: pytest.fail("a model was loaded"))
 
 
 @pytest.mark.parametrize("option", [
@@ -164,9 +164,9 @@ def test_mar_sampling_steps_are_checked_before_loading(no_loading, tmp_path, ste
 
 
 def test_mar_steps_and_blocks_beyond_the_image_are_refused_before_sampling(files, tmp_path, monkeypatch):
-    from lantern import generate_mar_cli
+    from lantern.cli import generate_mar
 
-    monkeypatch.setattr(generate_mar_cli, "_sample", lambda *a, **k: pytest.fail("sampled"))
+    monkeypatch.setattr(generate_mar, "_sample", lambda *a, **k: pytest.fail("sampled"))
     with pytest.raises(SystemExit, match="--num-iter must be at most the image's 64 tokens"):
         main(_args(files, tmp_path / "c.png", "--num-iter", "65"))
     with pytest.raises(SystemExit, match="--gamma must be at most the image's 64 tokens"):

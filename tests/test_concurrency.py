@@ -172,3 +172,28 @@ def test_processes_writing_and_reading_the_neighbour_cache(tmp_path):
     writes, reads = map(int, _finish(_python(CACHE_WORKERS, str(tmp_path / "cache"), "2.0")).split())
     assert writes > 3 and reads > 3, (writes, reads)  # both kinds really ran concurrently
     assert [p.name.endswith(".safetensors") for p in (tmp_path / "cache").iterdir()] == [True]
+
+
+# -- the fused-backend choice is per thread ------------------------------------------------------------------------
+
+def test_fused_backend_choice_is_per_thread():
+    import lantern
+
+    seen = {}
+
+    def other():
+        seen["start"] = lantern.active_backend()
+        lantern.enable_fused("cpu")
+        seen["after"] = lantern.active_backend()
+
+    with lantern.fused("reference"):
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join()
+        assert lantern.active_backend() == "reference"  # the other thread's enable_fused did not leak here
+        with lantern.fused("cpu"):
+            worker = threading.Thread(target=other)
+            worker.start()
+            worker.join()
+            assert lantern.active_backend() == "cpu"
+    assert seen == {"start": "reference", "after": "cpu"}  # a new thread starts on the reference ops

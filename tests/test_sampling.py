@@ -115,7 +115,7 @@ def test_discrete_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
 def test_mar_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
     """Block j of a MAR run is lantern.generate on its ids' labels with the run's settings and image_ids = its
     ids, each image decoded alone. Negative control: keyed by row, the second block's image is another."""
-    from lantern.generate_mar_cli import _decode
+    from lantern.sources import decode_mar
     from lantern.models import to_uint8
     from lantern.tiny_mar import load_tiny_mar
 
@@ -128,7 +128,7 @@ def test_mar_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
     tiny = load_tiny_mar("cpu")
     options = dict(method="ar", cfg_scale=config["cfg_scale"], temperature=config["temperature"],
                    num_iter=config["num_iter"], cfg_schedule=config["cfg_schedule"], seed=7)
-    decode = lambda tokens: np.concatenate([to_uint8(_decode(tiny.mar, tiny.vae, row[None])).numpy()
+    decode = lambda tokens: np.concatenate([to_uint8(decode_mar(tiny.mar, tiny.vae, row[None])).numpy()
                                             for row in tokens])  # noqa: E731
     for j in range(2):
         ids = block_ids(j, 3, 2)
@@ -438,8 +438,7 @@ def test_progress_bookkeeping_scans_the_folder_once_whatever_the_blocks(tmp_path
     real_scandir, real_listdir = os.scandir, os.listdir
     monkeypatch.setattr(os, "scandir", lambda path=".": listings.append(str(path)) or real_scandir(path))
     monkeypatch.setattr(os, "listdir", lambda path=".": listings.append(str(path)) or real_listdir(path))
-    args = sampling._sample_parser().parse_args([str(folder.root), "--num-images", str(n_blocks), "--batch", "1",
-                                                 "--classes", "0"])
+    args = sampling.SampleSettings(str(folder.root), n_blocks, batch=1, classes=[0])
     record = sampling._generate_share(args, sampling.Ranks(), folder, _FlatSampler(), 0, "token")
     assert record["blocks"] == record["images"] == n_blocks
     assert listings == [str(folder.shards)]
@@ -639,18 +638,17 @@ def test_the_api_checks_its_options_as_the_cli_does(tmp_path, options, error, me
 
 
 def test_numpy_integers_and_paths_are_accepted_as_the_cli_would_read_them(tmp_path):
-    from lantern.sample_options import check_api_value
+    from lantern.sample_settings import check_value
 
-    actions = {a.dest: a for a in sampling._sample_parser()._actions}
-    assert check_api_value("batch", actions["batch"], np.int64(4)) == 4
-    assert check_api_value("classes", actions["classes"], (np.int32(1), 2)) == [1, 2]
-    assert check_api_value("out", actions["out"], tmp_path) == str(tmp_path)
-    assert check_api_value("cfg_scale", actions["cfg_scale"], 2) == 2.0
+    assert check_value("batch", np.int64(4)) == 4
+    assert check_value("classes", (np.int32(1), 2)) == [1, 2]
+    assert check_value("out", tmp_path) == str(tmp_path)
+    assert check_value("cfg_scale", 2) == 2.0
     # compile as lantern.generate takes it, or as the CLI spells it
-    assert [check_api_value("compile", actions["compile"], v) for v in (True, False, "auto", "off")] == \
+    assert [check_value("compile", v) for v in (True, False, "auto", "off")] == \
         ["on", "off", "auto", "off"]
     with pytest.raises(ValueError, match="compile must be one of"):
-        check_api_value("compile", actions["compile"], "yes")
+        check_value("compile", "yes")
 
 
 # ---------------------------------------------------------------------------------------------- the folder's layout

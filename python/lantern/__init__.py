@@ -5,7 +5,7 @@ from . import models, ops
 from .decoding import generate
 from .sampling import sample
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def build_info() -> str:

@@ -1,16 +1,22 @@
-"""The options of `lantern sample`, checked before anything is loaded or written (docs/sampling.md "Options").
+"""The options of a run, checked before anything is loaded or written (docs/sampling.md "Options").
 
-``check_api_value`` gives ``lantern.sample(**options)`` the type checks that argparse gives the command line
-(the same parser's actions: int, float, str, flags, choices, lists); ``check_sample_options`` then checks the
-values for both alike: every number within its bounds, every option applicable to the model and method, the
-files named there present, the device and the fused backend usable."""
+``check_method_options`` serves ``lantern generate`` and ``lantern sample``: the model and method options,
+through ``decoding.options`` (the library's one place for which option applies where, and for the bounds of the
+settings). ``check_sample_options`` checks a ``lantern.sample`` job (``sample_settings.SampleSettings``, built
+from the command line or from the API's keywords): every number within its bounds, every option applicable to
+the model and method, the files named there present, the device and the fused backend usable. A refusal is a
+SystemExit naming the option as the command line spells it (``decoding.options.cli_message``)."""
 from __future__ import annotations
 
-import argparse
 import math
-import numbers
 import os
-from typing import NamedTuple
+from typing import Callable, NamedTuple
+
+import torch
+
+from . import sources
+from .decoding import SpecConfig
+from .sources import MAR_MODELS, is_mar, relaxed
 
 MAX_IMAGES = 10**8  # image ids are 32-bit counters of the Philox stream; PNG names have room for them
 MAX_BATCH = 65536
@@ -46,55 +52,15 @@ BOUNDS = {
     "prefill": Bound(0.0, 1.0, largest_open=True), "max_tries": Bound(1, 2**31 - 2),
 }
 CHECKPOINT_FLAGS = {"gpt": "--gpt", "vq": "--vq", "mar": "--mar", "vae": "--vae", "mar_drafter": "--mar-drafter"}
-MAR_MODELS = ("tiny-mar", "mar-checkpoint")
+# the options whose applicability depends on the model family, method and tree (decoding/options.py names
+# them alike, but for --nodes: n_nodes)
+METHOD_OPTIONS = ("tree", "draft", "depth", "nodes", "k", "delta", "lam", "budget", "window", "coupling", "init",
+                  "compile", "dtype", "top_k", "top_p", "cfg_interval", "no_ar_baseline", "gamma", "rule", "bandwidth",
+                  "sigma_ratio", "prefill", "max_tries", "mar_drafter", "mar_drafter_name")
 
 
 def flag(dest: str) -> str:
     return "DIR" if dest == "out" else "--" + dest.replace("_", "-")
-
-
-# ---------------------------------------------------------------------------------------------- types (API)
-
-
-def check_api_value(dest: str, action: argparse.Action, value):
-    """``value`` for option ``dest`` of ``lantern.sample`` converted as argparse would convert the command line's
-    text -> the value. TypeError naming the option for a value of the wrong type; ValueError for a value outside
-    the option's choices."""
-    if value is None:
-        if action.default is None and not action.required and action.nargs != 0:
-            return None
-        raise TypeError(f"sample(): {dest} cannot be None")
-    if dest == "compile" and isinstance(value, bool):  # compile=True / False as lantern.generate takes it
-        return "on" if value else "off"
-    if action.nargs == 0:  # a flag (store_true)
-        if not isinstance(value, bool):
-            raise TypeError(f"sample(): {dest} must be True or False, got {value!r}")
-        return value
-    if action.nargs in ("+", "*"):
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise TypeError(f"sample(): {dest} must be a list, got {type(value).__name__} {value!r}")
-        return [_item(dest, action, item) for item in value]
-    return _item(dest, action, value)
-
-
-def _item(dest: str, action: argparse.Action, value):
-    kind = action.type
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"sample(): {dest} must be an int, got {type(value).__name__} {value!r}")
-        value = int(value)
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"sample(): {dest} must be a number, got {type(value).__name__} {value!r}")
-        value = float(value)
-    else:  # text: names and paths
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if not isinstance(value, str):
-            raise TypeError(f"sample(): {dest} must be a str, got {type(value).__name__} {value!r}")
-    if action.choices is not None and value not in action.choices:
-        raise ValueError(f"sample(): {dest} must be one of {list(action.choices)}, got {value!r}")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- values (CLI and API)
@@ -153,15 +119,13 @@ def check_model_names(args) -> None:
 
 
 def check_mar_options(args) -> None:
-    """MAR models: the options MAR takes (generate_mar_cli's checks), a positive temperature, the CSpD settings
-    and --num-sampling-steps, a respacing of the 1000 training steps ("100", or sections "50,25")."""
+    """MAR models: the options MAR takes (``sources.check_mar_method``), a positive temperature, the CSpD
+    settings and --num-sampling-steps, a respacing of the 1000 training steps ("100", or sections "50,25")."""
     if args.model not in MAR_MODELS:
         return
-    from .generate_mar_cli import _check_options, _cspd_config
-
-    _check_options(args)
+    sources.check_mar_method(args)
     if args.method == "cspd":
-        _cspd_config(args)
+        sources.cspd_config(args)
     if args.temperature is not None and args.temperature <= 0:
         raise SystemExit(f"--temperature must be > 0 for MAR models (the diffusion head's noise scale), got "
                          f"{args.temperature}")
@@ -179,8 +143,6 @@ def check_mar_options(args) -> None:
 
 def check_device(args) -> None:
     """--device names a device this machine has; --fused a backend it can run on that device."""
-    import torch
-
     from ._backend import BACKENDS, _why_unavailable, wrong_device
 
     try:
@@ -200,22 +162,22 @@ def check_device(args) -> None:
             raise SystemExit(f"--fused {args.fused} runs on {wrong} tensors, not on --device {args.device}")
 
 
-def check_sample_options(args, default_batch: int) -> None:
-    """Every option of lantern sample, before any model is loaded or file written (module docstring). Fills in
-    the defaults that do not need the model (batch; generate_cli's model and method defaults). SystemExit naming
-    the option."""
-    from .generate_cli import check_method_options
+def check_sample_options(args) -> None:
+    """Every option of lantern sample (a SampleSettings), before any model is loaded or file written (module
+    docstring). Fills in the defaults that do not need the model (batch; the model and method defaults).
+    SystemExit naming the option."""
+    from .sample_settings import DEFAULT_BATCH, default_of
 
     check_out(args.out)
     if args.num_images is None:
         raise SystemExit("--num-images is needed")
     if args.batch is None:
-        args.batch = default_batch
+        args.batch = DEFAULT_BATCH
     check_numbers(args)
     if args.method == "cspd" and args.model not in MAR_MODELS:
         raise SystemExit("--method cspd (continuous speculative decoding) is for MAR models: --model tiny-mar or "
                          "mar-checkpoint")
-    check_method_options(args)
+    check_method_options(args, default_of)
     check_numbers(args)  # again: the defaults it filled in
     if args.model in ("tiny", "checkpoint") and args.method != "ar" and args.tree == "auto":
         raise SystemExit("lantern sample needs a fixed draft tree (--tree chain, static or dynamic): --tree auto "
@@ -225,3 +187,86 @@ def check_sample_options(args, default_batch: int) -> None:
     check_model_names(args)
     check_model_files(args)
     check_device(args)
+
+
+# ---------------------------------------------------------------------------------------------- model and method
+
+
+def given_options(args, default: Callable[[str], object]) -> dict:
+    """The method options set to something other than their defaults (``default(name)``; options.py's names)."""
+    return {"n_nodes" if dest == "nodes" else dest: getattr(args, dest) for dest in METHOD_OPTIONS
+            if hasattr(args, dest) and getattr(args, dest) != default(dest)}
+
+
+def check_method_options(args, default: Callable[[str], object]) -> None:
+    """The model and method options of ``generate`` and ``sample`` (``args``: the parsed options, or the
+    SampleSettings; ``default(name)``: an option's default, against which "given" is told): each given option
+    applies to the chosen model, method and tree (``decoding/options.py``), every number is in its bounds
+    (SystemExit naming the option otherwise); fills in the model defaults and --delta."""
+    from .decoding.options import OptionError, check_applicable, cli_message
+
+    for dest, models in sources.MODEL_OPTIONS.items():
+        if getattr(args, dest, None) is not None and args.model not in models:
+            flag = "--" + dest.replace("_", "-")
+            raise SystemExit(f"{flag} does not apply to --model {args.model} (it is for --model "
+                             f"{' / '.join(models)})")
+    for dest, value in sources.MODEL_DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+    for flag, value in (("--depth", args.depth), ("--nodes", args.nodes), ("--window", args.window)):
+        if value < 1:
+            raise SystemExit(f"{flag} must be >= 1, got {value}" +
+                             (" (for no drafts use --method ar)" if flag == "--nodes" else ""))
+    if args.batch is not None and args.batch < 1:
+        raise SystemExit(f"--batch must be >= 1, got {args.batch}")
+    if args.draft == "sampled" and args.tree == "dynamic":
+        raise SystemExit("--draft sampled does not apply to --tree dynamic (EAGLE-2 drafts are each node's top "
+                         "tokens); use --tree chain or static for sampled drafts")
+    try:
+        check_method_numbers(args)
+        family = "mar" if is_mar(args) else "gpt"
+        check_applicable(family, args.method, given_options(args, default), tree=args.tree, relaxed=relaxed(args),
+                         cli=True)
+    except OptionError as e:
+        raise SystemExit(cli_message(e)) from e
+    if not is_mar(args):
+        check_jacobi_options(args)
+
+
+def check_method_numbers(args) -> None:
+    """The numeric options' bounds, before any model is loaded (those that depend on the model, --classes,
+    --num-iter's upper bound and --k's, are checked once it is): OptionError."""
+    from .decoding import options as o
+    from .models.mar import NUM_SAMPLING_STEPS_RULE, num_sampling_steps_valid
+
+    o.check_tree_sizes(args.depth, args.nodes, args.window, (1,))
+    o.check_int("k", args.k, 0, None, " (latent neighbours merged at most)")
+    if args.delta is not None or args.lam is not None:
+        o.check_relaxation(0.0 if args.delta is None else args.delta, args.lam)
+    if is_mar(args):
+        o.check_mar_settings(1.0 if args.cfg_scale is None else args.cfg_scale, args.temperature, args.seed,
+                             args.num_iter)
+        if args.num_sampling_steps is not None and not num_sampling_steps_valid(args.num_sampling_steps):
+            raise o.OptionError("num_sampling_steps", f"{NUM_SAMPLING_STEPS_RULE}, got {args.num_sampling_steps!r}")
+        return
+    try:
+        o.check_gpt_sampling(1.0 if args.cfg_scale is None else args.cfg_scale, args.temperature,
+                             0 if args.top_k is None else args.top_k, args.top_p, args.seed, args.cfg_interval, 1,
+                             torch.device("cpu"))
+    except o.OptionError:
+        raise
+    except ValueError as e:  # the ops' checks: "name must ..."
+        name, problem = str(e).split(" ", 1)
+        raise o.OptionError(name, problem) from e
+
+
+def check_jacobi_options(args) -> None:
+    """--method sjd verifies its window as a chain (its other options: ``check_method_options``; SpecConfig
+    refuses the same, but only once the models are loaded). Fills in --delta: SpecConfig's for lantern, 0
+    (exact) for sjd."""
+    if args.method == "sjd":
+        if args.tree not in ("auto", "chain"):
+            raise SystemExit(f"--method sjd verifies its window as a chain: --tree must be auto or chain, got "
+                             f"{args.tree}")
+    if args.delta is None:
+        args.delta = 0.0 if args.method == "sjd" else SpecConfig.delta

@@ -10,14 +10,15 @@ a restart; on the batch size only through the last bits the machine's matrix pro
 of other shapes (docs/sampling.md "Numerics"). The batch size stays in config.json as the folder's block
 layout (shard j holds block j).
 
-Every option is checked before anything is loaded or written (``sample_options``); rank 0 then takes DIR's
+The job's settings are a ``sample_settings.SampleSettings``. Every option is checked before anything is
+loaded or written (``sample_options``); rank 0 then takes DIR's
 lock for the whole run (``sample_folder``: the layout of DIR, config.json, shards, the gather into
 samples.npz).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import datetime
 import os
 import secrets
@@ -33,10 +34,11 @@ import torch
 from .decoding.compiled import COMPILE_CHOICES, resolve_compile
 from .sample_folder import (CONFIG_FILE, FORMAT, IMAGES, LOCK_FILE, NPZ_FILE, RUNS, SHARDS,  # noqa: F401 re-exported
                             SampleFolder, block_count, block_ids, differences, digest)
-from .sample_options import MAR_MODELS, check_api_value, check_sample_options
+from . import sources
+from ._version import __version__
+from .sample_options import MAR_MODELS, check_sample_options
+from .sample_settings import DEFAULT_BATCH, DEFAULT_THREADS, SampleSettings  # noqa: F401 re-exported
 
-DEFAULT_BATCH = 16
-DEFAULT_THREADS = 1  # what torchrun gives each process: one process and N processes compute alike by default
 STOP_AFTER_ENV = "LANTERN_SAMPLE_STOP_AFTER"  # tests: rank 0 SIGKILLs itself after that many of its blocks
 PROGRESS_POLL_S = 0.5
 
@@ -172,7 +174,6 @@ def numerics_of(args, sampler) -> dict:
     the model's dtype, the backend of each lantern op (``--fused``), ``--compile``, the device type and
     processor (GPU name and CUDA version, or CPU model, capability and thread count), torch's and lantern's
     versions. Every rank computes its own; a rank or a resume with other numerics is refused."""
-    from . import __version__
     from ._backend import resolved_backends
 
     device = torch.device(args.device)
@@ -209,10 +210,8 @@ class DiscreteSampler:
     """A LlamaGen-architecture model through ``lantern.generate`` (ar, spec, lantern, sjd)."""
 
     def __init__(self, args):
-        from . import generate_cli as gc
-
-        self.gpt, self.vq, meta = _loaded(gc._load, args)
-        cfg_scale, top_k = gc.guidance_and_top_k(args, meta)
+        self.gpt, self.vq, meta = _loaded(sources.load_discrete, args)
+        cfg_scale, top_k = sources.guidance_and_top_k(args, meta)
         self.num_classes = self.gpt.config.num_classes
         side = self.gpt.config.grid_size * self.vq.config.downsample
         self.image_shape = (side, side)
@@ -224,11 +223,11 @@ class DiscreteSampler:
         self.settings = dict(self.sampling)
         if args.method != "ar":
             codes = self.vq.quantize.embedding.weight.shape[0]
-            if gc.relaxed(args) and args.k > codes - 1:
+            if sources.relaxed(args) and args.k > codes - 1:
                 raise SystemExit(f"--k must be at most {codes - 1} for this model (the other codes of its "
                                  f"{codes}-code codebook), got {args.k}")
-            drafter, table = gc._drafter_and_table(args, self.gpt, self.vq)
-            spec = gc.method_options(args)
+            drafter, table = sources.drafter_and_table(args, self.gpt, self.vq)
+            spec = sources.method_options(args)
             self.settings.update(spec)
             self.options.update(spec, drafter=drafter, neighbours=table)
         self.args = args
@@ -263,12 +262,10 @@ class MARSampler:
     """A MAR model through ``lantern.generate`` (ar: target-only MAR; cspd), every number keyed by image id."""
 
     def __init__(self, args):
-        from . import generate_mar_cli as gm
-
-        gm._check_options(args)
-        self.config = gm._cspd_config(args) if args.method == "cspd" else None
-        self.mar, self.drafter, self.vae, defaults, _ = _loaded(gm._load, args)
-        cfg, num_iter, schedule = gm.mar_settings(args, self.mar, defaults, self.config)
+        sources.check_mar_method(args)
+        self.config = sources.cspd_config(args) if args.method == "cspd" else None
+        self.mar, self.drafter, self.vae, defaults, _ = _loaded(sources.load_mar_models, args)
+        cfg, num_iter, schedule = sources.mar_settings(args, self.mar, defaults, self.config)
         if num_iter > self.mar.config.seq_len:  # later steps would predict no token
             raise SystemExit(f"--num-iter must be at most the model's {self.mar.config.seq_len} tokens per image, "
                              f"got {num_iter}")
@@ -281,7 +278,7 @@ class MARSampler:
         self.settings = dict(self.sampling, diffusion_steps=self.mar.diffloss.gen_diffusion.num_timesteps)
         self.options = dict(method=args.method, drafter=self.drafter)
         if self.config is not None:
-            cspd = {k: getattr(self.config, k) for k in gm.CSPD_DEFAULTS}
+            cspd = {k: getattr(self.config, k) for k in sources.CSPD_DEFAULTS}
             self.settings.update(cspd, last_step_noise=self.config.resolved_last_step_noise())
             self.options.update(cspd)
         self.args = args
@@ -289,12 +286,11 @@ class MARSampler:
     @torch.no_grad()
     def sample(self, ids: torch.Tensor, labels: torch.Tensor, seed: int):
         from .decoding import generate
-        from .generate_mar_cli import _decode
         from .models import to_uint8
 
         tokens, stats = generate(self.mar, labels.to(self.args.device), **self.options, **self.sampling, seed=seed,
                                  image_ids=ids)
-        pixels = np.concatenate([to_uint8(_decode(self.mar, self.vae, row[None])).cpu().numpy()
+        pixels = np.concatenate([to_uint8(sources.decode_mar(self.mar, self.vae, row[None])).cpu().numpy()
                                  for row in tokens])  # one image at a time, as DiscreteSampler
         if self.config is None:
             counts = dict(target_forwards=stats.transformer_forwards, head_evaluations=stats.head_evaluations,
@@ -362,14 +358,12 @@ def settings_of(args, sampler) -> dict:
     method, ids, seed and every sampling option after the model's defaults are filled in; and the batch, which
     decides the folder's block layout. What the arithmetic depends on (dtype, --fused, --compile, device,
     processor, --threads) is ``numerics_of``'s, recorded beside them. Reads every weight file once (rank 0)."""
-    from .generate_cli import MODEL_OPTIONS
-
     model = {"model": args.model}
     if args.model not in ("tiny", "tiny-mar"):
         model.update({key: getattr(args, key) for key in ("gpt", "gpt_name", "vq", "image_size", "mar", "mar_name",
                                                           "vae", "vae_name", "num_sampling_steps", "mar_drafter",
                                                           "mar_drafter_name")
-                      if getattr(args, key, None) is not None and args.model in MODEL_OPTIONS[key]})
+                      if getattr(args, key, None) is not None and args.model in sources.MODEL_OPTIONS[key]})
     for key in ("gpt", "vq", "mar", "vae", "mar_drafter"):
         if key in model:
             model[key] = os.path.abspath(model[key])
@@ -381,15 +375,15 @@ def settings_of(args, sampler) -> dict:
 def _check_classes(args, num_classes: int) -> None:
     if args.classes is None:
         args.classes = list(range(num_classes))
-    from .generate_cli import check_classes
-
-    check_classes(args.classes, num_classes)
+    sources.check_classes(args.classes, num_classes)
 
 
-def run_sample(args: argparse.Namespace) -> int:
-    """The job on this rank (module docstring), at ``--threads`` torch threads and with ``--fused``'s backend:
-    the caller's thread count and backend are restored afterwards."""
-    check_sample_options(args, DEFAULT_BATCH)
+def run_sample(settings: SampleSettings) -> Path:
+    """The job on this rank (module docstring), at ``threads`` torch threads and with ``fused``'s backend: the
+    caller's thread count and backend are restored afterwards. -> the path of samples.npz. The caller's
+    settings are left as they are (the defaults are filled into a copy)."""
+    args = dataclasses.replace(settings)
+    check_sample_options(args)
     folder = SampleFolder(args.out)
     threads_before = torch.get_num_threads()
     ranks, args.device = init_ranks(args.device)
@@ -407,7 +401,7 @@ def run_sample(args: argparse.Namespace) -> int:
             import torch.distributed as dist
 
             dist.destroy_process_group()
-    return 0
+    return Path(args.out) / NPZ_FILE
 
 
 def _open_folder(folder: SampleFolder) -> None:
@@ -543,65 +537,13 @@ def _finish(args, folder: SampleFolder, sampler, settings: dict, records: list, 
           f"wrote {npz} and {run}")
 
 
-# ---------------------------------------------------------------------------------------------- API and CLI
+# ---------------------------------------------------------------------------------------------- API
 
 
 def sample(out, num_images: int, **options) -> Path:
     """Python API of ``lantern sample``: generate ``num_images`` images into the folder ``out`` (under torchrun:
-    this rank's share, docs/sampling.md). ``options`` are the CLI's options by their Python names (model="tiny",
-    method="ar", batch=16, seed=0, classes=None, resume=False, cfg_scale=..., tree="chain", k=..., ...), of the
-    types the CLI converts its text to (TypeError otherwise, naming the option), checked as the CLI checks them
-    (SystemExit). -> the path of samples.npz."""
-    parser = _sample_parser()
-    args = parser.parse_args(["DIR", "--num-images", "1"])
-    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
-    for key, value in dict(options, out=out, num_images=num_images).items():
-        if key not in actions:
-            raise TypeError(f"sample() got an unknown option {key!r}")
-        setattr(args, key, check_api_value(key, actions[key], value))
-    run_sample(args)
-    return Path(args.out) / NPZ_FILE
-
-
-def _sample_parser() -> argparse.ArgumentParser:
-    return add_sample_parser(argparse.ArgumentParser(prog="lantern").add_subparsers())
-
-
-def add_sample_parser(sub) -> argparse.ArgumentParser:
-    from .generate_cli import add_device_options, add_method_options, add_model_options, add_sampling_options
-
-    p = sub.add_parser(
-        "sample", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="many images for evaluation (torchrun data-parallel, resumable): PNGs + one .npz (ADM layout)",
-        description="Generate --num-images images into DIR: images/<id>.png, shards/<block>.npz, "
-                    "samples.npz (arr_0 uint8 [N, H, W, 3] in id order, the ADM evaluation suite's input), "
-                    "config.json and runs/run-<k>.json (tau, forwards, wall time per rank). Launch with "
-                    "`torchrun --nproc_per_node N -m lantern sample ...` for N processes (nccl on GPUs, gloo "
-                    "on CPUs) or plainly for one. Image i has class classes[i mod len(classes)]. Reproducibility: "
-                    "the same settings and numerics (dtype, --fused, --compile, device type and processor, torch "
-                    "version, --threads; all recorded in config.json) give bit-identical images whatever the "
-                    "number of processes, the order of the blocks and restarts; --resume and ranks with other "
-                    "numerics are refused. --batch changes the images only through the last bits the machine's "
-                    "matrix products give a row in batches of other shapes: none where they are row-invariant, "
-                    "else rare tokens. A killed run continues with --resume (damaged shards are named and made "
-                    "again); config.json records the sha256 of each weight file, so a resume with other weights "
-                    "is refused. A running job locks DIR (DIR/.lock): a second start there is refused. Every "
-                    "option is checked before anything is loaded or written. docs/sampling.md \"Numerics\".")
-    p.add_argument("out", metavar="DIR", help="output folder (new or empty; with --resume: a run's folder)")
-    p.add_argument("--num-images", type=int, required=True, help="images to generate (ids 0..N-1)")
-    p.add_argument("--resume", action="store_true", help="continue the run in DIR (its settings must match)")
-    add_model_options(p)
-    add_sampling_options(p, classes_help="classes cycled over the image ids (default: every class of the model)")
-    run = p.add_argument_group("run")
-    add_method_options(p, run)
-    run.add_argument("--batch", type=int, metavar="B", help=f"images per block (one batch; the images depend on "
-                     f"it only through the machine's rounding, but the folder's shards do, so a resume needs the "
-                     f"same; default {DEFAULT_BATCH})")
-    add_device_options(run)
-    run.add_argument("--threads", type=int, default=DEFAULT_THREADS, metavar="N",
-                     help="torch threads per process, pinned and recorded (matrix products may split their sums "
-                          "by thread, so the images depend on it; the default is what torchrun gives each process, "
-                          "so one process and torchrun compute alike)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(tree="chain")
-    return p
+    this rank's share, docs/sampling.md). ``options`` are the settings of ``SampleSettings`` (the CLI's options
+    by their Python names: model="tiny", method="ar", batch=16, seed=0, classes=None, resume=False,
+    cfg_scale=..., tree="chain", k=..., ...), of the types the CLI converts its text to (TypeError otherwise,
+    naming the option), checked as the CLI checks them (SystemExit). -> the path of samples.npz."""
+    return run_sample(SampleSettings.from_options(out, num_images, **options))

@@ -194,12 +194,13 @@ def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, met
     import argparse
     import json
 
-    from lantern import generate_cli
+    from lantern import sources
+    from lantern.cli import generate as generate_cli
     from lantern.decoding import ar, spec
 
     target, drafter = small_models()
-    monkeypatch.setattr(generate_cli, "_load", lambda args: (target, _StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
-    monkeypatch.setattr(generate_cli, "_drafter_and_table", lambda args, gpt, vq: (drafter, neighbours()))
+    monkeypatch.setattr(sources, "load_discrete", lambda args: (target, _StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
+    monkeypatch.setattr(sources, "drafter_and_table", lambda args, gpt, vq: (drafter, neighbours()))
     from lantern.decoding import compiled
     from lantern.decoding.compiled import CompileChoice
 

@@ -234,3 +234,101 @@ def test_the_dispatch_default_method_follows_the_family(gpt, mar, drafter, table
     lantern.generate(gpt, LABELS, drafter=drafter, neighbours=table, k=4)
     lantern.generate(mar, LABELS)
     assert calls == ["lantern", "mar"]
+
+
+# -- decoding arguments: class ids, speculative options, empty batches ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_pair():
+    from models.gpt_testing import small_gpt
+
+    from lantern.models.drafter import GPTDrafter
+
+    return small_gpt(0), GPTDrafter(small_gpt(1, n_layer=1))  # num_classes 5, V 64, 4x4 tokens
+
+
+@pytest.mark.parametrize("labels", [[5], [0, 7], [-1]])
+def test_class_ids_outside_the_model_raise(small_pair, labels):
+    import lantern
+    from lantern.decoding import SpecConfig, generate_ar, generate_spec
+
+    gpt, drafter = small_pair
+    cond = torch.tensor(labels)
+    for run in (lambda: lantern.generate(gpt, cond, method="ar"),
+                lambda: generate_ar(gpt, cond, cfg_scale=2.0),
+                lambda: generate_spec(gpt, drafter, cond, config=SpecConfig(method="spec", tree="chain", depth=2)),
+                lambda: lantern.generate(gpt, cond, method="spec", drafter=drafter, tree="chain", depth=2)):
+        with pytest.raises(ValueError, match=r"cond_idx: class ids must be in \[0, 5\)"):
+            run()
+
+
+def test_class_ids_must_be_integers_in_a_batch(small_pair):
+    from lantern.decoding import generate_ar
+
+    gpt, _ = small_pair
+    for bad in (torch.tensor([1.0]), torch.tensor([[1]]), torch.tensor([True])):
+        with pytest.raises(ValueError, match="cond_idx must be integer class ids"):
+            generate_ar(gpt, bad)
+    assert generate_ar(gpt, torch.tensor([4]), length=2).shape == (1, 2)  # the last real class still runs
+
+
+def test_mar_labels_outside_the_model_raise():
+    from lantern.decoding import sample_mar
+    from lantern.models import build_mar
+
+    torch.manual_seed(0)
+    mar = build_mar("MAR-tiny-drafter").eval()
+    n = mar.config.class_num
+    with pytest.raises(ValueError, match=rf"labels: class ids must be in \[0, {n}\)"):
+        sample_mar(mar, torch.tensor([n]), num_iter=1)
+
+
+SPEC_ERRORS = [
+    (dict(tree="chain", depth=-3), "depth must be an int >= 1"),
+    (dict(tree="dynamic", depth=0), "depth must be an int >= 1"),
+    (dict(tree="auto", depth=0), "depth must be an int >= 1"),
+    (dict(tree="dynamic", top_per_node=0), r"top_per_node must be an int in \[1, 64\]"),
+    (dict(tree="dynamic", top_per_node=65), r"top_per_node must be an int in \[1, 64\]"),
+    (dict(tree="static", static_widths=(0,)), "static_widths must be a non-empty sequence"),
+    (dict(tree="static", static_widths=()), "static_widths must be a non-empty sequence"),
+    (dict(tree="chain", draft="bogus"), "draft must be one of"),
+    (dict(tree="dynamic", draft="sampled"), "draft='sampled' does not apply to tree='dynamic'"),
+    (dict(tree="dynamic", n_nodes=0), "n_nodes must be an int >= 1"),
+]
+
+
+@pytest.mark.parametrize("options,message", SPEC_ERRORS, ids=lambda x: str(x) if isinstance(x, dict) else "")
+def test_bad_speculative_options_raise_naming_the_option(small_pair, options, message):
+    from lantern.decoding import SpecConfig, generate_spec, resolve_cost_model
+
+    gpt, drafter = small_pair
+    config = SpecConfig(method="spec", **options)
+    with pytest.raises(ValueError, match=message):
+        generate_spec(gpt, drafter, torch.tensor([0, 1]), config=config, temperature=0.0)
+    with pytest.raises(ValueError, match=message):
+        resolve_cost_model(gpt, drafter, torch.tensor([0, 1]), config=config)
+
+
+def test_empty_batch_raises(small_pair):
+    from lantern.decoding import SpecConfig, generate_ar, generate_spec
+
+    gpt, drafter = small_pair
+    empty = torch.zeros(0, dtype=torch.int64)
+    with pytest.raises(ValueError, match="cond_idx must hold at least one row"):
+        generate_spec(gpt, drafter, empty, config=SpecConfig(method="spec", tree="chain", depth=2))
+    with pytest.raises(ValueError, match="cond_idx must hold at least one row"):
+        generate_ar(gpt, empty)
+
+
+def test_valid_edge_speculative_options_still_run(small_pair):
+    from lantern.decoding import SpecConfig, generate_ar, generate_spec
+
+    gpt, drafter = small_pair
+    labels = torch.tensor([0, 4])
+    want = generate_ar(gpt, labels, temperature=0.0)
+    for config in (SpecConfig(method="spec", tree="chain", depth=1),
+                   SpecConfig(method="spec", tree="dynamic", depth=1, top_per_node=64, n_nodes=1),
+                   SpecConfig(method="spec", tree="static", static_widths=(1,)),
+                   SpecConfig(method="spec", tree="chain", depth=2, draft="sampled")):
+        got, _ = generate_spec(gpt, drafter, labels, config=config, temperature=0.0)
+        assert torch.equal(got, want)

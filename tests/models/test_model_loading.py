@@ -1,10 +1,12 @@
 """Checkpoint loading: wrappers, stray keys, strict checks with clear messages, weights_only."""
 import collections
+import threading
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from lantern.cli import main
 from lantern.models import build_gpt, build_vq, load_gpt, load_vq
 from lantern.models.loading import check_state_dict, read_state_dict
 from gpt_testing import SMALL, small_gpt
@@ -188,3 +190,66 @@ def test_drafter_files_are_checked_before_the_drafter_is_built(tmp_path, source)
             load_tiny_drafter(gpt, _drafter_dir(tmp_path, gpt, n_layer=n_layer))
     with pytest.raises(ValueError, match=r"'fc.weight' holds NaN values"):
         load_tiny_drafter(gpt, _drafter_dir(tmp_path, gpt, poison="fc.weight"))
+
+
+# -- a checkpoint whose wrapper contains itself --------------------------------------------------------------------
+
+def within(seconds, fn, *args, **kwargs):
+    """fn's return value, or its exception re-raised; fails (instead of hanging the run) if it is still
+    running after ``seconds``."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"{getattr(fn, '__name__', fn)} still running after {seconds}s (a hang)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+
+@pytest.fixture
+def cyclic_checkpoint(tmp_path):
+    path = tmp_path / "cycle.pt"
+    d = {}
+    d["model"] = d
+    torch.save(d, path)
+    return path
+
+
+def test_self_containing_checkpoint_wrapper_raises(cyclic_checkpoint):
+    with pytest.raises(ValueError, match="contains itself"):
+        within(30, read_state_dict, cyclic_checkpoint)
+    with pytest.raises(ValueError, match="contains itself"):
+        within(30, load_gpt, cyclic_checkpoint, "GPT-B")
+    with pytest.raises(ValueError, match="contains itself"):
+        within(30, load_vq, cyclic_checkpoint, "VQ-16", decoder_only=True)
+
+
+def test_neighbours_cli_on_a_self_containing_vq_checkpoint_raises(cyclic_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="contains itself"):
+        within(30, main, ["neighbours", "--vq", str(cyclic_checkpoint), "--K", "4"])
+
+
+def test_two_level_wrapper_cycles_and_deep_chains_raise():
+    a, b = {}, {}
+    a["state_dict"], b["module"] = b, a
+    with pytest.raises(ValueError, match="contains itself"):
+        within(30, read_state_dict, a)
+    deep = {"w": torch.zeros(1)}
+    for _ in range(40):
+        deep = {"model": deep}
+    with pytest.raises(ValueError, match="nest more than"):
+        read_state_dict(deep)
+    shallow = {"w": torch.zeros(1)}
+    for _ in range(3):
+        shallow = {"model": shallow}
+    assert list(read_state_dict(shallow)) == ["w"]  # ordinary nesting still unwraps

@@ -14,20 +14,20 @@ import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, run_demo
+    from ..demo import DemoConfig, run_demo
 
     cfg = DemoConfig(vocab=args.vocab, rows=args.rows, neighbours=args.k, seed=args.seed)
     if args.json:
-        from .outputs import check_output_path
+        from ..outputs import check_output_path
 
         check_output_path(args.json, "--json", [".json"], "a JSON file")
     if args.fused:
-        from . import enable_fused
+        from .._backend import enable_fused
 
         enable_fused(args.fused)
     rows = run_demo(cfg, deltas=tuple(args.delta))
     if args.json:
-        from .outputs import write_json
+        from ..outputs import write_json
 
         write_json(args.json, rows)
         print(f"wrote {args.json}")
@@ -35,19 +35,19 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .generate_cli import run_generate
+    from .generate import run_generate
 
     return run_generate(args)
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from .sampling import run_sample
+    from .sample import run_sample
 
     return run_sample(args)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .sample_eval import run_eval
+    from .eval import run_eval
 
     return run_eval(args)
 
@@ -58,20 +58,20 @@ def _neighbours(args: argparse.Namespace) -> int:
     import torch
     from safetensors.torch import save_file
 
-    from .neighbours import cache_dir, neighbour_table
+    from ..neighbours import cache_dir, neighbour_table
 
     if args.out:  # before the codebook is loaded and the table built
-        from .outputs import check_output_path
+        from ..outputs import check_output_path
 
         check_output_path(args.out, "--out", [".safetensors"], "a safetensors file")
     if args.K < 1:
         raise SystemExit(f"--K must be >= 1, got {args.K}")
     if args.vq == "tiny":
-        from .pretrained import load_tiny
+        from ..pretrained import load_tiny
 
         codebook = load_tiny().vq.quantize.embedding.weight
     else:
-        from .models import load_vq
+        from ..models import load_vq
 
         codebook = load_vq(args.vq, args.vq_name, decoder_only=True).quantize.embedding.weight
     t0 = time.perf_counter()
@@ -88,11 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lantern", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    from .generate_cli import add_generate_parser
+    from .eval import add_eval_parser
+    from .generate import add_generate_parser
+    from .sample import add_sample_parser
 
     add_generate_parser(sub).set_defaults(func=_generate)
-    from .sample_eval import add_eval_parser
-    from .sampling import add_sample_parser
 
     add_sample_parser(sub).set_defaults(func=_sample)
     add_eval_parser(sub).set_defaults(func=_eval)
