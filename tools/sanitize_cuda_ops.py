@@ -20,7 +20,6 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from tools.cuda_resources import cuda_sources  # noqa: E402
 
-
 Call = Callable[[], object]
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import lantern
-from lantern.models import double_for_cfg, guided_logits
 from gpt_testing import small_gpt
+from lantern.models import double_for_cfg, guided_logits
 
 ATOL = 1e-4
 

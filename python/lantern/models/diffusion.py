@@ -23,7 +23,6 @@ from typing import Callable, List, Optional, Sequence, Union
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 TRAIN_STEPS = 1000
 TIME_FREQ_DIM = 256  # the sinusoidal timestep embedding's width

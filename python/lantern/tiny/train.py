@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .data import CLASS_NAMES, DEFAULT_SEED, NUM_CLASSES, make_dataset
+from .data import CLASS_NAMES, DEFAULT_SEED, make_dataset
 
 DEFAULT_BUDGET_MINUTES = 23.0  # what the default plan took, measured (see the module docstring)
 

@@ -15,7 +15,6 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 

@@ -32,7 +32,6 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -240,8 +239,8 @@ def best_scale(sweep: list, accuracy: float) -> float:
 
 
 def evaluate_all(plan: Plan, mar, drafter, vae, tiny_dir: Path, log=print) -> dict:
-    from .evaluate import component_timing, describe, evaluate
     from ..tiny import evaluate as tiny_eval
+    from .evaluate import component_timing, describe, evaluate
 
     tiny_eval._cache.clear()
     common = dict(num_iter=plan.num_iter, cfg_schedule=plan.cfg_schedule, temperature=plan.temperature,
