@@ -6,9 +6,17 @@ import os
 
 import torch
 
+from . import (
+    bench_checks,
+    bench_cspd,
+    bench_decode,
+    bench_model_costs,
+    bench_neighbours,
+    bench_speedup,
+    bench_tree_attention,
+    bench_verify,
+)
 from .common import Report
-from . import (bench_checks, bench_cspd, bench_decode, bench_model_costs, bench_neighbours, bench_speedup,
-               bench_tree_attention, bench_verify)
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 (``lantern.generate(..., image_ids=...)``); and, as the negative control, keyed by row (image_ids=None) in
 batches of 2. Prints, per method, which ids' tokens differ from the batch of 6.
 
-    OMP_NUM_THREADS=1 python bench/batch_invariance.py [backend: cpu | reference | triton] [methods: ar,spec,lantern,sjd]
+    OMP_NUM_THREADS=1 python bench/batch_invariance.py [backend: cpu | reference | triton]
+                                                       [methods: ar,spec,lantern,sjd]
 """
 from __future__ import annotations
 

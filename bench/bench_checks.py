@@ -11,9 +11,10 @@ import lantern
 from lantern.ops import checks
 from lantern.ops.checks_verify import _NEIGHBOUR_TABLES
 
-from .common import Report, interleaved_medians
 from .bench_tree_attention import inputs as attention_inputs
-from .bench_verify import SETTINGS, inputs as verify_inputs
+from .bench_verify import SETTINGS
+from .bench_verify import inputs as verify_inputs
+from .common import Report, interleaved_medians
 
 
 def check_verify_args(logits, tokens, parents, neighbours, uncond):

@@ -9,12 +9,13 @@ interleaved repeats after a warm-up that compiles every graph (the one-off compi
 from __future__ import annotations
 
 import argparse
+
 import torch
 
 import lantern
 from lantern import ops
 from lantern.decoding import SpecConfig, generate_ar, generate_spec
-from lantern.decoding.compiled import compile_options, compiled_models, CompileStats
+from lantern.decoding.compiled import CompileStats, compile_options, compiled_models
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter
 from lantern.ops.reference.tree import ancestor_mask

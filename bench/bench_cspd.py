@@ -128,7 +128,8 @@ def quality(report: Report, target, drafter, vae, gammas, n_images: int, samplin
         with torch.no_grad():
             images = torch.cat([vae.decode_tokens(target.unpatchify(t)) for t in tokens.split(64)])
         scores = evaluate_samples(images, labels)
-        out[name] = dict(class_accuracy=scores["class_accuracy"], fd=scores["fd"], fd_real_floor=scores["fd_real_floor"])
+        out[name] = dict(class_accuracy=scores["class_accuracy"], fd=scores["fd"],
+                         fd_real_floor=scores["fd_real_floor"])
         report.rows.append(dict(bench="cspd-quality", case=f"{n_images} images", impl=name, **out[name],
                                 sample_s=time.perf_counter() - t0))
         print(f"{'cspd-quality':>18} {n_images} images {name:<22} accuracy {100 * scores['class_accuracy']:5.1f}%  "
@@ -285,7 +286,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--gammas", type=int, nargs="+", default=[4, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quality-images", type=int, default=100, help="images per contender for accuracy / FD (0: none)")
+    parser.add_argument("--quality-images", type=int, default=100,
+                        help="images per contender for accuracy / FD (0: none)")
     parser.add_argument("--tiny-dir", help="the tiny MAR weights (default: the package's)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",

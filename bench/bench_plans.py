@@ -81,7 +81,8 @@ def run(report: Report, batches=(1, 8), repeats: int = 2, images: int = 10, cloc
                 seconds = statistics.median(times[name])
                 stats = last[name]
                 tau = sum(s.emitted for s in stats) / max(sum(s.row_steps for s in stats), 1)
-                depth = max(len(PLANS[name.split()[1]].get("static_widths", ())), PLANS[name.split()[1]].get("depth", 0))
+                plan = PLANS[name.split()[1]]
+                depth = max(len(plan.get("static_widths", ())), plan.get("depth", 0))
                 levels = level_acceptance(stats, depth)
                 report.add("plans", case, name, seconds, tau=tau, level_acceptance=levels)
                 rows[name] = dict(speedup=ar / seconds, tau=tau, level_acceptance=levels)

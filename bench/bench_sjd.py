@@ -3,9 +3,9 @@ speculative decoding with the trained drafter: τ, the speed-up over AR and the 
 Fréchet distance of the timed images, ``lantern.tiny.evaluate``) of fixed windows W = 2, 4, 8, 16 (every
 step the whole window), exact (δ = 0) and relaxed like LANTERN (k = 1000, δ = 0.1), and coupled draws
 (SCD), the planner's choice of window per step (``tree="auto"``, windows up to 16; its one-off
-calibration falls in the warm-up call), next to a sampled chain of 3 drafter drafts, exact and LANTERN. One timed sample generates at least
-``--images`` images (batch 1: one call per image, seeds 0..); the contenders are timed in alternation,
-medians of ``--repeats``.
+calibration falls in the warm-up call), next to a sampled chain of 3 drafter drafts, exact and LANTERN.
+One timed sample generates at least ``--images`` images (batch 1: one call per image, seeds 0..); the
+contenders are timed in alternation, medians of ``--repeats``.
 
     python -m bench.bench_sjd [--batches 1 8] [--repeats 2] [--images 16] [--clock wall|cpu] [--json PATH]
 

@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 
 import lantern
-
 from lantern.decoding import generate_ar
 
 from .common import Report, interleaved_medians

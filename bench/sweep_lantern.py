@@ -8,8 +8,9 @@ trade-off plot (τ / speed-up / quality against δ, exact speculative decoding a
 Every setting generates the same images (the same classes, seeds and batches) with the committed tiny GPT,
 its EAGLE drafter and the VQ codebook's neighbour table. Wall times are sums over the batches of one pass;
 each batch of a speculative setting is timed right after the same batch under AR, and the speed-up is the
-ratio of those interleaved sums (this machine's load changes by several times within a run). Quality is the tiny classifier's accuracy and the
-Fréchet distance to the dataset in its feature space (lantern.tiny.evaluate).
+ratio of those interleaved sums (this machine's load changes by several times within a run). Quality is
+the tiny classifier's accuracy and the Fréchet distance to the dataset in its feature space
+(lantern.tiny.evaluate).
 """
 from __future__ import annotations
 

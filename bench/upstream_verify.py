@@ -30,12 +30,12 @@ def top_k_top_p_filtering(logits: torch.Tensor, top_k: int = 0, top_p: float = 1
 
 
 def node_probs(logits, uncond, b, node, cfg_scale, temperature, top_k, top_p):
-    l = logits[b, node].float()
+    node_logits = logits[b, node].float()
     if uncond is not None:
         lu = uncond[b, node].float()
-        l = lu + cfg_scale * (l - lu)
-    l = top_k_top_p_filtering(l / temperature, top_k, top_p)
-    return torch.softmax(l, -1)
+        node_logits = lu + cfg_scale * (node_logits - lu)
+    node_logits = top_k_top_p_filtering(node_logits / temperature, top_k, top_p)
+    return torch.softmax(node_logits, -1)
 
 
 def upstream_verify(logits, tokens, parents, neighbours, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,

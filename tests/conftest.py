@@ -72,9 +72,10 @@ def _kernel_test_backend(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """No vacuous kernel tests: a test run on a fused backend (a ``backend`` or ``verify_backend`` parameter
-    of cpu, cuda or triton) fails if a kernel it called had been disabled by its self-check (the reference ran in its place,
-    so the test compared the reference with itself), or if it ran none of the backend's kernels at all (the
-    kernels count their calls: ``lantern._backend.kernel_calls``). A test this cannot apply to says why with
+    of cpu, cuda or triton) fails if a kernel it called had been disabled by its self-check (the reference ran
+    in its place, so the test compared the reference with itself), or if it ran none of the backend's kernels
+    at all (the kernels count their calls: ``lantern._backend.kernel_calls``). A test this cannot apply to says
+    why with
     ``@pytest.mark.no_kernel_check(reason)``: its input is rejected before any kernel runs, or it calls
     torch.ops.lantern.* itself (opcheck, a compiled graph), which nothing could reroute and the counters do
     not see."""

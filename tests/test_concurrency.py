@@ -53,7 +53,8 @@ FIRST_ENABLE = textwrap.dedent("""
     assert not _backend._loaded  # nothing has loaded the fused backends yet
     names = sys.argv[1].split(",")
     logits = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0))
-    tokens, parents = torch.randint(16, (3, 4), generator=torch.Generator().manual_seed(1)), torch.tensor([[-1, 0, 1, 0]] * 3)
+    tokens = torch.randint(16, (3, 4), generator=torch.Generator().manual_seed(1))
+    parents = torch.tensor([[-1, 0, 1, 0]] * 3)
     want = ops.verify(logits, tokens, parents, temperature=0.7, seed=3)
     start = threading.Barrier(len(names))
     seen, errors = {}, []

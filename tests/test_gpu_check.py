@@ -50,7 +50,8 @@ def test_run_command_records_exit_time_and_log(tmp_path):
 
 def test_first_error_lines_start_at_the_first_error():
     log = "setting up\ncompiling\nTraceback (most recent call last):\n  File x\nValueError: bad\n" + "more\n" * 20
-    assert gpu_check.first_error_lines(log, n=3) == ["Traceback (most recent call last):", "  File x", "ValueError: bad"]
+    assert gpu_check.first_error_lines(log, n=3) == ["Traceback (most recent call last):", "  File x",
+                                                     "ValueError: bad"]
     assert gpu_check.first_error_lines("a\nb\nc\n", n=2) == ["b", "c"]  # no error line: the end
 
 

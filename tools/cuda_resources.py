@@ -115,8 +115,8 @@ _ELF = re.compile(r"ELF file\s+\d+:\s+(\S+?)(?:\.\d+)?\.(sm_\w+)\.cubin")
 
 
 def parse_list_elf(text: str) -> Set[Tuple[str, str]]:
-    """``cuobjdump --list-elf``: {(object stem, arch)} of the SASS cubins: "compact_kv.sm_80.cubin" (in a linked library) and
-    "compact_kv.1.sm_80.cubin" (in an object file) both give ("compact_kv", "sm_80")."""
+    """``cuobjdump --list-elf``: {(object stem, arch)} of the SASS cubins: "compact_kv.sm_80.cubin" (in a
+    linked library) and "compact_kv.1.sm_80.cubin" (in an object file) both give ("compact_kv", "sm_80")."""
     return {m.groups() for m in map(_ELF.search, text.splitlines()) if m}
 
 

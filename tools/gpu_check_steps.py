@@ -594,7 +594,8 @@ def _copy_bandwidth(ctx: Context) -> float:
 def _micro_cases(ctx: Context) -> Dict[str, tuple]:
     """name -> (op, args builder on the device, bytes the op must move at least)."""
     from bench.bench_tree_attention import inputs as attention_inputs
-    from bench.bench_verify import SETTINGS, inputs as verify_inputs
+    from bench.bench_verify import SETTINGS
+    from bench.bench_verify import inputs as verify_inputs
 
     dev = ctx.device
     cases = {}

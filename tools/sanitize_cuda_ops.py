@@ -4,8 +4,9 @@
     python -m tools.sanitize_cuda_ops --rehearse   (the same calls on the CPU backend: no GPU, no sanitizer)
 
 Each call goes through the public op (``lantern.ops``, argument checks included) with the ``cuda`` backend on
-CUDA tensors, the first-use self-check off (LANTERN_SELF_CHECK=0) so that nothing reroutes it. Every csrc/cuda/<op>.cu needs a case here: a file without one, or an op lantern._C has no CUDA
-kernel for, fails the run. Prints "sanitize_cuda_ops: OK" at the end; exits 2 without a CUDA device.
+CUDA tensors, the first-use self-check off (LANTERN_SELF_CHECK=0) so that nothing reroutes it. Every
+csrc/cuda/<op>.cu needs a case here: a file without one, or an op lantern._C has no CUDA kernel for, fails
+the run. Prints "sanitize_cuda_ops: OK" at the end; exits 2 without a CUDA device.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from tools.cuda_resources import cuda_sources  # noqa: E402
-
 
 Call = Callable[[], object]
 

@@ -1,7 +1,6 @@
 """lantern: relaxed speculative decoding (LANTERN) for visual autoregressive image models."""
-from ._backend import (active_backend, disable_fused, enable_fused, fused, fused_ops, run_self_checks,
-                       self_check_report)
 from . import models, ops
+from ._backend import active_backend, disable_fused, enable_fused, fused, fused_ops, run_self_checks, self_check_report
 from .decoding import generate
 from .sampling import sample
 

@@ -22,7 +22,8 @@ class TinyModels:
 def tiny_meta(directory: Path = TINY_DIR) -> dict:
     path = directory / "tiny.json"
     if not path.exists():
-        raise FileNotFoundError(f"the tiny default model is missing: {path} (train it with python -m lantern.tiny.train)")
+        raise FileNotFoundError(f"the tiny default model is missing: {path} "
+                                "(train it with python -m lantern.tiny.train)")
     return json.loads(path.read_text())
 
 

@@ -10,8 +10,8 @@ decoding runs the drafter on both.
 from __future__ import annotations
 
 import argparse
-import math
 import json
+import math
 import time
 from pathlib import Path
 

@@ -9,8 +9,8 @@ import torch
 
 import lantern
 import lantern.hf
-from lantern.hf.random_models import random_model
 from hf_models import emu3_prompt, janus_prompt, model, wrap
+from lantern.hf.random_models import random_model
 
 DYNAMO = {"backend": "eager"}  # dynamo's trace in one graph (fullgraph), without a compiler's time
 CFG_SCALE = 2.0

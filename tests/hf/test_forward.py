@@ -5,9 +5,9 @@ hold different lengths. Float32 models; references: HF's DynamicCache one token 
 import pytest
 import torch
 
+from hf_models import emu3_prompt, janus_prompt, left_padded, model, reference_logits, wrap
 from lantern import ops
 from lantern.hf.adapter import MASKED
-from hf_models import emu3_prompt, janus_prompt, left_padded, model, reference_logits, wrap
 
 KINDS = ["janus", "chameleon", "emu3"]
 TOL = dict(rtol=1e-4, atol=1e-4)

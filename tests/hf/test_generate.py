@@ -12,9 +12,8 @@ from transformers import DynamicCache, GenerationConfig
 
 import lantern
 import lantern.hf
+from hf_models import EMU3_HW, JANUS_BOI, emu3_prompt, janus_prompt, left_padded, model, parts, wrap
 from lantern.decoding import SpecConfig, generate_spec
-from hf_models import (EMU3_HW, JANUS_BOI, emu3_prompt, janus_prompt, left_padded, model, parts,
-                       wrap)
 
 CFG = 2.0
 

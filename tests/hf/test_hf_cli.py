@@ -10,8 +10,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GenerationConfig, JanusImageProcessor, JanusProcessor, PreTrainedTokenizerFast
 
 import lantern
-from lantern.cli import main
 from hf_models import JANUS_BOI, model, wrap
+from lantern.cli import main
 
 WORDS = ["a", "red", "cat", "on", "blue", "mat", "dog"]
 JANUS_BOI_TOKEN = "<begin_of_image>"

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import lantern
+from hf_models import JANUS_BOI, model, wrap
 from lantern import ops
 from lantern.ops.reference import verify as reference_verify
-from hf_models import JANUS_BOI, model, wrap
 from stats.gtest import assert_fails_widely, assert_fits, g_test
 
 CFG = 2.0

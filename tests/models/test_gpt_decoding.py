@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import lantern
-from lantern.models import double_for_cfg, guided_logits
 from gpt_testing import small_gpt
+from lantern.models import double_for_cfg, guided_logits
 
 ATOL = 1e-4
 
@@ -226,7 +226,8 @@ def test_forward_needs_cache_and_valid_shapes(model):
         model(torch.zeros(1, 1, dtype=torch.int64), cache_len=zeros(1))
     model.setup_cache(1, 17)
     with pytest.raises(ValueError, match="positions"):
-        model(torch.zeros(1, 2, dtype=torch.int64), cache_len=torch.tensor([1]), positions=torch.zeros(1, 3, dtype=torch.int64))
+        model(torch.zeros(1, 2, dtype=torch.int64), cache_len=torch.tensor([1]),
+              positions=torch.zeros(1, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="cache_len"):
         model(torch.zeros(1, 2, dtype=torch.int64), cache_len=torch.tensor([16]), positions=torch.tensor([[14, 15]]))
     with pytest.raises(ValueError, match="positions"):

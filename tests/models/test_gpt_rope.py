@@ -4,9 +4,9 @@ import math
 import torch
 
 import lantern
+from gpt_testing import small_gpt
 from lantern.models import gpt as gpt_module
 from lantern.models.gpt import apply_rope, precompute_freqs_cis_2d
-from gpt_testing import small_gpt
 
 
 def rotate_reference(x, r, c, base=10000.0):

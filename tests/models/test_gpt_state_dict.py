@@ -55,7 +55,8 @@ def test_every_size_c2i(name):
     hidden = round_up(int(8 * dim / 3), 256)
     state, model = meta_state(name)
     assert len(state) == 7 * n_layer + 4
-    assert state == expected_gpt_keys(n_layer, dim, 16384, hidden, {"cls_embedding.embedding_table.weight": (1001, dim)})
+    assert state == expected_gpt_keys(n_layer, dim, 16384, hidden,
+                                      {"cls_embedding.embedding_table.weight": (1001, dim)})
     assert model.freqs_cis.shape == (1 + 256, dim // n_head // 2, 2)
 
 
@@ -78,7 +79,8 @@ def test_block_size_and_tiny():
     assert model.freqs_cis.shape == (1 + 576, 32, 2)
     state, tiny = meta_state("GPT-tiny")
     cfg = tiny.config
-    assert cfg.block_size == 64 and cfg.vocab_size == 1024 and state["cls_embedding.embedding_table.weight"] == (11, 256)
+    assert cfg.block_size == 64 and cfg.vocab_size == 1024
+    assert state["cls_embedding.embedding_table.weight"] == (11, 256)
     with pytest.raises(ValueError):
         build_gpt("GPT-tiny", block_size=60)  # not a square grid
     with pytest.raises(ValueError):
@@ -127,6 +129,7 @@ def test_vq16_keys_and_channel_plan():
     assert [f"encoder.conv_blocks.{i}.downsample.conv.weight" in state for i in range(5)] == [True] * 4 + [False]
     assert state["encoder.conv_out.weight"] == (256, 512, 3, 3)
     assert sum(1 for k in state if k.startswith("decoder.")) == 6 + (8 + 10 + 8) + sum(
-        3 * 8 + (2 if c_in != c_out else 0) + (2 if up else 0) + (3 * 10 if attn else 0) for c_in, c_out, attn, up in plan)
+        3 * 8 + (2 if c_in != c_out else 0) + (2 if up else 0) + (3 * 10 if attn else 0)
+        for c_in, c_out, attn, up in plan)
     n_params = sum(v.numel() for k, v in vq.state_dict().items() if k != "quantize.codebook_used")
     assert 71e6 < n_params < 73e6  # the paper's 72M

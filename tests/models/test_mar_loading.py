@@ -49,7 +49,8 @@ def test_official_kl16_layout_loads_strictly():
 
 
 def _outputs(model):
-    tokens = torch.randn(2, model.config.seq_len, model.config.token_embed_dim, generator=torch.Generator().manual_seed(1))
+    tokens = torch.randn(2, model.config.seq_len, model.config.token_embed_dim,
+                         generator=torch.Generator().manual_seed(1))
     mask = torch.zeros(2, model.config.seq_len, dtype=torch.bool)
     mask[:, 5:] = True
     with torch.no_grad():

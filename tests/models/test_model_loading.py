@@ -6,10 +6,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from gpt_testing import SMALL, small_gpt
 from lantern.cli import main
 from lantern.models import build_gpt, build_vq, load_gpt, load_vq
 from lantern.models.loading import check_state_dict, read_state_dict
-from gpt_testing import SMALL, small_gpt
 
 
 class NotATensor:

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import lantern
-from lantern.models.gpt import apply_rope
 from gpt_testing import small_gpt
+from lantern.models.gpt import apply_rope
 
 C = 8  # caption positions
 CAPTION_DIM = 12

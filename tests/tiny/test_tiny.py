@@ -60,7 +60,8 @@ def test_shipped_models_load():
     from lantern.models import load_gpt, load_vq
 
     gpt = load_gpt(str(TINY_DIR / "gpt.safetensors"), "GPT-tiny-deep")
-    assert gpt.config.n_layer == 16 and gpt.config.block_size == 64 and gpt.config.num_classes == 10 and gpt.config.vocab_size == 1024
+    assert gpt.config.n_layer == 16 and gpt.config.block_size == 64
+    assert gpt.config.num_classes == 10 and gpt.config.vocab_size == 1024
     vq = load_vq(str(TINY_DIR / "vq.safetensors"), "VQ-tiny")
     assert vq.config.codebook_size == 1024
     vq_dec = load_vq(str(TINY_DIR / "vq.safetensors"), "VQ-tiny", decoder_only=True)

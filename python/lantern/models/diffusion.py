@@ -23,7 +23,6 @@ from typing import Callable, List, Optional, Sequence, Union
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 TRAIN_STEPS = 1000
 TIME_FREQ_DIM = 256  # the sinusoidal timestep embedding's width
@@ -174,7 +173,8 @@ class StepOutput:
 
 class GaussianDiffusion:
     """The (possibly respaced) diffusion process: float64 tables, read in the chain's dtype per step (float32
-    like the reference; float64 for a float64 model). ``timestep_map[i]`` is the original step number of respaced index i.
+    like the reference; float64 for a float64 model). ``timestep_map[i]`` is the original step number of
+    respaced index i.
 
     ``x0_clip`` (None: the reference, no clipping) clamps the predicted x0 to [-x0_clip, x0_clip] before the
     posterior mean. The last training step has sqrt(abar) = 4.9e-5 (beta clipped at 0.999), so the first
@@ -243,7 +243,8 @@ class GaussianDiffusion:
     # ---- training (the tiny models) --------------------------------------------------------------
 
     def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        return self._at(self.sqrt_alphas_cumprod, t, x0) * x0 + self._at(self.sqrt_one_minus_alphas_cumprod, t, x0) * noise
+        return (self._at(self.sqrt_alphas_cumprod, t, x0) * x0
+                + self._at(self.sqrt_one_minus_alphas_cumprod, t, x0) * noise)
 
     def q_posterior(self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor):
         mean = self._at(self.posterior_mean_coef1, t, x_t) * x0 + self._at(self.posterior_mean_coef2, t, x_t) * x_t

@@ -126,7 +126,8 @@ class Encoder(nn.Module):
             if level != n_levels - 1:
                 block.downsample = Downsample(block_in)
             self.conv_blocks.append(block)
-        self.mid = nn.ModuleList([ResnetBlock(block_in, block_in), AttnBlock(block_in), ResnetBlock(block_in, block_in)])
+        self.mid = nn.ModuleList([ResnetBlock(block_in, block_in), AttnBlock(block_in),
+                                  ResnetBlock(block_in, block_in)])
         self.norm_out = group_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, cfg.z_channels, 3, 1, 1)
 
@@ -156,7 +157,8 @@ class Decoder(nn.Module):
         ch, ch_mult, n_levels = cfg.ch, cfg.ch_mult, len(cfg.ch_mult)
         block_in = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(cfg.z_channels, block_in, 3, 1, 1)
-        self.mid = nn.ModuleList([ResnetBlock(block_in, block_in), AttnBlock(block_in), ResnetBlock(block_in, block_in)])
+        self.mid = nn.ModuleList([ResnetBlock(block_in, block_in), AttnBlock(block_in),
+                                  ResnetBlock(block_in, block_in)])
         self.conv_blocks = nn.ModuleList()
         for level in reversed(range(n_levels)):  # conv_blocks.0 is the lowest resolution
             block = nn.Module()

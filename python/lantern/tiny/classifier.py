@@ -78,7 +78,8 @@ def load_classifier(path_or_state_dict: Union[str, os.PathLike, dict, None] = No
 
         path = os.fspath(path_or_state_dict)
         if not os.path.exists(path):
-            raise FileNotFoundError(f"classifier weights missing: {path} (train them with python -m lantern.tiny.train)")
+            raise FileNotFoundError(f"classifier weights missing: {path} "
+                                    "(train them with python -m lantern.tiny.train)")
         state = load_file(path, device="cpu")
     model = ShapeClassifier()
     model.load_state_dict(state, strict=True)

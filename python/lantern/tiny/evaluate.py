@@ -87,8 +87,8 @@ def evaluate_samples(images: torch.Tensor, labels: torch.Tensor, *, classifier: 
     per_class = [float(correct[labels == c].mean()) if bool((labels == c).any()) else float("nan")
                  for c in range(NUM_CLASSES)]
     mu_ref, cov_ref = get_reference_stats(directory, classifier)
-    out = dict(class_accuracy=float(correct.mean()), n=int(labels.numel()), per_class_accuracy=per_class,
-               fd=frechet_distance_from_stats(*feature_stats(feats), mu_ref, cov_ref) if len(labels) > 1 else float("nan"))
+    fd = frechet_distance_from_stats(*feature_stats(feats), mu_ref, cov_ref) if len(labels) > 1 else float("nan")
+    out = dict(class_accuracy=float(correct.mean()), n=int(labels.numel()), per_class_accuracy=per_class, fd=fd)
     if with_floor and len(labels) > 1:
         key = f"floor:{directory}:{len(labels)}"
         if key not in _cache:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .data import CLASS_NAMES, DEFAULT_SEED, NUM_CLASSES, make_dataset
+from .data import CLASS_NAMES, DEFAULT_SEED, make_dataset
 
 DEFAULT_BUDGET_MINUTES = 23.0  # what the default plan took, measured (see the module docstring)
 
@@ -397,7 +396,9 @@ def main(argv=None) -> int:
     p.add_argument("--minutes-budget", type=float, default=DEFAULT_BUDGET_MINUTES,
                    help="scale the training step counts to fit about this many minutes: the default plan (%(default)s) "
                         "took 23 min on a shared 2-core machine; 11.5 = half the steps")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: on a shared 2-core machine two threads stall behind other processes, 3-5x slower; one thread also makes the result independent of the core count)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: on a shared 2-core machine two threads stall behind other "
+                        "processes, 3-5x slower; one thread also makes the result independent of the core count)")
     p.add_argument("--stages", default="vq,gpt,classifier,eval",
                    help="comma list of vq,gpt,classifier,eval; a stage left out reuses DIR's existing weights")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override Plan fields (experiments)")
@@ -411,7 +412,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / "tiny.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() and stages != {"vq", "gpt", "classifier", "eval"} else {}
+    reuse_meta = meta_path.exists() and stages != {"vq", "gpt", "classifier", "eval"}
+    meta = json.loads(meta_path.read_text()) if reuse_meta else {}
     timings = meta.get("timings_s", {})
     figures = meta.get("figures", {})
     print(f"lantern.tiny.train -> {out}  ({torch.get_num_threads()} threads; plan: vq {plan.vq_steps} steps, "
@@ -474,8 +476,10 @@ def main(argv=None) -> int:
         print(f"[d] classifier trained in {timings['classifier'] / 60:.1f} min")
 
     meta.update(
-        gpt_name=plan.gpt_name if "gpt" in stages else meta.get("gpt_name", plan.gpt_name), vq_name="VQ-tiny", gpt_dtype="bfloat16", class_names=list(CLASS_NAMES),
-        configs=dict(gpt=asdict(gpt.config if gpt is not None else GPT_CONFIGS[plan.gpt_name]), vq={**asdict(vq.config), "ch_mult": list(vq.config.ch_mult)}),
+        gpt_name=plan.gpt_name if "gpt" in stages else meta.get("gpt_name", plan.gpt_name), vq_name="VQ-tiny",
+        gpt_dtype="bfloat16", class_names=list(CLASS_NAMES),
+        configs=dict(gpt=asdict(gpt.config if gpt is not None else GPT_CONFIGS[plan.gpt_name]),
+                     vq={**asdict(vq.config), "ch_mult": list(vq.config.ch_mult)}),
         dataset=dict(module="lantern.tiny.data", seed=plan.data_seed, n_images=plan.n_images,
                      val_seed=plan.data_seed + 100, n_val=plan.n_val),
         plan=asdict(plan),

@@ -15,7 +15,6 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -162,8 +161,9 @@ def main(argv=None) -> int:
         out["timing"] = [component_timing(model, batch=b, cfg=scales[0], num_iter=settings["num_iter"], repeats=2)
                          for b in (1, 16)]
         for row in out["timing"]:
-            print(f"batch {row['batch']}: {row['wall_s']:.2f}s per batch, transformer {row['transformer_ms_per_step']:.1f} "
-                  f"ms/step, head {row['head_ms_per_step']:.1f} ms/step ({100 * row['head_share']:.0f}% head)")
+            print(f"batch {row['batch']}: {row['wall_s']:.2f}s per batch, "
+                  f"transformer {row['transformer_ms_per_step']:.1f} ms/step, "
+                  f"head {row['head_ms_per_step']:.1f} ms/step ({100 * row['head_share']:.0f}% head)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0

@@ -32,7 +32,6 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +83,8 @@ class Plan:
         """Training step counts times factor (the --minutes-budget knob)."""
         s = lambda n: max(1, int(round(n * factor)))
         return replace(self, vae_steps=s(self.vae_steps), mar_steps=s(self.mar_steps),
-                       drafter_steps=s(self.drafter_steps), mar_warmup=min(self.mar_warmup, max(1, s(self.mar_steps) // 10)))
+                       drafter_steps=s(self.drafter_steps),
+                       mar_warmup=min(self.mar_warmup, max(1, s(self.mar_steps) // 10)))
 
 
 def _lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -147,7 +147,8 @@ def train_vae(plan: Plan, images: torch.Tensor, val_images: torch.Tensor, log=pr
                    val_mse_sample=mse_sample, val_psnr_db_sample=10 * math.log10(4.0 / mse_sample),
                    val_kl_per_element=float(torch.cat([p.kl() for p in post]).mean() / post[0].mean[0].numel()))
     log(f"    VAE held-out PSNR {figures['val_psnr_db_mode']:.1f} dB (posterior mode), "
-        f"{figures['val_psnr_db_sample']:.1f} dB (posterior sample); KL {figures['val_kl_per_element']:.3f} per element")
+        f"{figures['val_psnr_db_sample']:.1f} dB (posterior sample); "
+        f"KL {figures['val_kl_per_element']:.3f} per element")
     return vae, figures
 
 
@@ -240,8 +241,8 @@ def best_scale(sweep: list, accuracy: float) -> float:
 
 
 def evaluate_all(plan: Plan, mar, drafter, vae, tiny_dir: Path, log=print) -> dict:
-    from .evaluate import component_timing, describe, evaluate
     from ..tiny import evaluate as tiny_eval
+    from .evaluate import component_timing, describe, evaluate
 
     tiny_eval._cache.clear()
     common = dict(num_iter=plan.num_iter, cfg_schedule=plan.cfg_schedule, temperature=plan.temperature,
@@ -260,8 +261,9 @@ def evaluate_all(plan: Plan, mar, drafter, vae, tiny_dir: Path, log=print) -> di
               for role, model in (("target", mar), ("drafter", drafter))}
     for role, rows in timing.items():
         for row in rows:
-            log(f"    {role} batch {row['batch']}: {row['wall_s']:.2f}s, transformer {row['transformer_ms_per_step']:.1f} "
-                f"ms/step, head {row['head_ms_per_step']:.1f} ms/step ({100 * row['head_share']:.0f}% head)")
+            log(f"    {role} batch {row['batch']}: {row['wall_s']:.2f}s, "
+                f"transformer {row['transformer_ms_per_step']:.1f} ms/step, "
+                f"head {row['head_ms_per_step']:.1f} ms/step ({100 * row['head_share']:.0f}% head)")
     return dict(sweep=sweep, best_cfg=best, target=target, drafter=draft, timing=timing)
 
 
