@@ -14,6 +14,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 
 from .. import ops
+from .plans import static_shape
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's sampling stream: another Philox key than verify's
 
@@ -25,23 +26,6 @@ class Tree:
     depth: torch.Tensor  # [B, T] int64 (root 0)
     draft_probs: Optional[torch.Tensor]  # [B, T, V] (sampled drafts) or None (deterministic)
     draft_forwards: int
-
-
-def static_shape(widths: Sequence[int]) -> List[int]:
-    """Parents of the fixed static tree: a node at depth d that is its parent's r-th child gets
-    max(0, widths[d] - r) children (the root is depth 0, rank 0). (6, 4, 3, 2, 1, 1) -> 56 nodes."""
-    parents, ranks, depths = [-1], [0], [0]
-    frontier = [0]
-    for d, width in enumerate(widths):
-        nxt = []
-        for node in frontier:
-            for r in range(max(0, width - ranks[node])):
-                parents.append(node)
-                ranks.append(r)
-                depths.append(d + 1)
-                nxt.append(len(parents) - 1)
-        frontier = nxt
-    return parents
 
 
 def unguided_past_interval(cond: torch.Tensor, uncond: torch.Tensor, predicts: torch.Tensor,
