@@ -58,6 +58,11 @@ class Plan:
             return min(self.n_nodes, k + (self.depth - 1) * k * k) + 1
         return self.depth + 1  # AR, chains and Jacobi windows
 
+    @property
+    def beam_nodes(self) -> int:
+        """Nodes an EAGLE-2 tree's drafter expansions score over all depths (0 for other plans)."""
+        return self.depth * self.top_per_node if self.kind == "dynamic" else 0
+
     def effective_width(self) -> float:
         """How many alternatives a level offers, for the shared acceptance model (a chain: 1)."""
         if self.kind == "dynamic":

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from ..decoding.ar import generate_ar
-from ..decoding.spec import SpecConfig, generate_spec
+from ..decoding import SpecConfig, generate_spec
 
 METHODS = ("ar", "sjd", "lantern", "spec")
 
