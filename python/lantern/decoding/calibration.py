@@ -28,7 +28,7 @@ def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan],
     """What, besides the device and models, changes a step's cost: the verify work, the candidates and
     whether (and how) the forwards are compiled (and, for the acceptance the calibration measures, the
     drafting rules)."""
-    jacobi = {"coupling": config.coupling, "init": config.init} if config.method == "sjd" else {}
+    jacobi = {"coupling": config.coupling, "init": config.init} if config.self_drafting else {}
     compiled = {} if compile_options is None else {"compiled": repr(sorted(compile_options.items()))}
     return {**jacobi, **compiled, "method": config.method, "k": config.k if relaxed else 0,
             "budget": config.budget if relaxed else "",

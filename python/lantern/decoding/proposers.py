@@ -227,8 +227,8 @@ def new_state(target, drafter, cond_idx: torch.Tensor, neighbours, config: SpecC
                        emb_masks, compiled)
 
 
-def acceptance_rule(config: SpecConfig, neighbours) -> AcceptanceRule:
-    """The relaxation of the drafts' verification (exact unless ``config.relaxed(neighbours)``)."""
+def acceptance_rule(config: SpecConfig, neighbours) -> Optional[AcceptanceRule]:
+    """The relaxation of the drafts' verification (None: exact, unless ``config.relaxed(neighbours)``)."""
     if not config.relaxed(neighbours):
-        return AcceptanceRule()
+        return None
     return AcceptanceRule(neighbours, config.k, config.delta, config.lam, config.budget)

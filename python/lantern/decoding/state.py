@@ -28,15 +28,15 @@ from .trees import unguided_past_interval
 
 @dataclass(frozen=True)
 class AcceptanceRule:
-    """What ``ops.verify`` relaxes over: exact (no neighbours, k = 0) or LANTERN's latent neighbours."""
-    neighbours: Optional[torch.Tensor] = None  # [V, K] int32
-    k: int = 0
-    delta: float = 0.0
-    lam: Optional[float] = None
-    budget: str = "candidate"
+    """How ``ops.verify`` relaxes the acceptance of drafts over LANTERN's latent neighbours (None: exact)."""
+    neighbours: torch.Tensor  # [V, K] int32
+    k: int
+    delta: float
+    lam: Optional[float]
+    budget: str
 
-
-EXACT = AcceptanceRule()
+    def verify_options(self) -> dict:
+        return dict(k=self.k, delta=self.delta, lam=self.lam, budget=self.budget)
 
 
 @dataclass
@@ -128,7 +128,7 @@ class DecodeState:
     """A batch prefilled at construction (the condition, then the first token sampled as AR samples it) and
     stepped by ``step``. B images; with guidance each has two model rows [cond; uncond] (``n_rows`` = 2B)."""
 
-    def __init__(self, target, proposer, cond_idx: torch.Tensor, sampling: Sampling, rule: AcceptanceRule,
+    def __init__(self, target, proposer, cond_idx: torch.Tensor, sampling: Sampling, rule: Optional[AcceptanceRule],
                  L: int, plans: Sequence[Plan], emb_masks: Optional[torch.Tensor] = None,
                  compiled: Optional[CompiledRun] = None):
         """compiled: None (eager forwards), or the run's compiled forwards, node counts padded to buckets."""
@@ -253,11 +253,12 @@ class DecodeState:
         s, B = self.s, self.B
         uncond = (unguided_past_interval(logits[:B], logits[B:], self.n_done[:, None] + proposal.depth,
                                          s.cfg_interval) if s.guided else None)
-        rule = self.rule if proposal.tokens.shape[1] > 1 else EXACT
-        return ops.verify(logits[:B], proposal.tokens, proposal.parents, rule.neighbours, uncond_logits=uncond,
-                          cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                          draft_probs=proposal.draft_probs, k=rule.k, delta=rule.delta, lam=rule.lam,
-                          budget=rule.budget, seed=s.seed, offset=offset, rows=s.rows)
+        rule = self.rule if proposal.tokens.shape[1] > 1 else None
+        exact = dict(k=0, delta=0.0, lam=None, budget="candidate")
+        return ops.verify(logits[:B], proposal.tokens, proposal.parents, rule.neighbours if rule else None,
+                          uncond_logits=uncond, cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k,
+                          top_p=s.top_p, draft_probs=proposal.draft_probs, seed=s.seed, offset=offset, rows=s.rows,
+                          **(rule.verify_options() if rule else exact))
 
     def commit(self, tree_tokens: torch.Tensor, result, n_emit: torch.Tensor):
         """Writes each row's accepted path tokens, then next_token, never past L; keeps the root's and the path's
