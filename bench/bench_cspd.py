@@ -163,7 +163,8 @@ def acceptance_effects(report: Report, target, drafter, sampling, batch: int = 8
 def distortion(report: Report, target, drafter, sampling, rows: int = 500, gamma: int = 8) -> dict:
     """Per-token shift of each rule from the target's law at one context (module docstring)."""
     from lantern.decoding import CSpDConfig
-    from lantern.decoding.cspd import CSpDRun, block_from_context, one_step_from_context
+    from lantern.decoding.cspd import CSpDRun
+    from lantern.decoding.cspd_context import block_from_context, one_step_from_context
     from lantern.decoding.mar import sample_orders
 
     first = math.ceil(PREFILL * sampling["num_iter"])
@@ -216,7 +217,7 @@ def head_gap(report: Report, drafter, mean_p, std_p, tokens, mask, positions, la
     """How far apart the two heads' last-step Gaussians are at the same context and aligned noise: per token,
     d = |(mu_q0 - mu_p0) / sigma_p0| (the norm over channels, in the target's last-step std). Two Gaussians with
     one std and means d apart overlap by 2 Phi(-d / 2): the exact rule's acceptance when the stds agree."""
-    from lantern.decoding.cspd import one_step_from_context
+    from lantern.decoding.cspd_context import one_step_from_context
 
     _, mean_q, std_q = one_step_from_context(drafter, tokens, mask, positions, labels, ids, mask_len=mask_len,
                                              last_step_noise=True, **common)

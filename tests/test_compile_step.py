@@ -17,7 +17,9 @@ import torch
 import lantern
 from lantern import _backend, ops
 from lantern.decoding.planner import Plan
-from lantern.decoding.spec import Sampling, SpecConfig, _Loop
+from lantern.decoding import Sampling, SpecConfig
+from lantern.decoding.proposers import new_state
+from lantern.decoding.state import DecodeState
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter
 from lantern.ops import fused_triton, library, self_check
@@ -286,11 +288,11 @@ def twin_loops(method: str, plan: Plan):
     loops = []
     for _ in range(2):
         t, d = copy.deepcopy((target, drafter))
-        loops.append(_Loop(t, d, torch.tensor([1, 3, 4]), neighbours, config, sampling, t.config.block_size, plans,
-                           catch_up=True))
+        loops.append(new_state(t, d, torch.tensor([1, 3, 4]), neighbours, config, sampling, t.config.block_size,
+                               plans, catch_up=True))
     for loop in loops:
         for step in (1, 2):
-            loop.spec_step(PLANS["chain"], step)
+            loop.step(PLANS["chain"], step)
     return loops
 
 
@@ -316,21 +318,23 @@ STEP_OPS = {
 }
 
 
-def assert_same_state(a: _Loop, b: _Loop) -> None:
+def assert_same_state(a: DecodeState, b: DecodeState) -> None:
     """Tokens, lengths and counts equal; the float states equal up to float64 rounding. Eager feeds the drafter
     the longest row's columns, traced code all of the tree's, so the drafter's products have other row counts,
     and a machine whose matrix products round by row count (AVX-512 / AMX, GPUs) differs in their last bits
     (~1e-16 relative; a float32 tree-attention input could round the other way with probability ~1e-6 over the
     test, then ~1e-7: tolerance 1e-9). Decisions on such values change with probability < 1e-8 per decision."""
-    for name in ("out", "n_done", "target_len", "n_pending"):
+    for name in ("out", "n_done", "target_len"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
-    width = a.width
+    fa, fb = a.proposer.feed, b.proposer.feed
+    assert torch.equal(fa.n, fb.n) and torch.equal(a.figures.accept_len, b.figures.accept_len)
+    width = fa.width
     close = lambda x, y: torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-12)  # noqa: E731
-    assert torch.equal(a.pending[:, :width], b.pending[:, :width])
-    close(a.pending_feat[:, :width], b.pending_feat[:, :width])
+    assert torch.equal(fa.tokens[:, :width], fb.tokens[:, :width])
+    close(fa.features[:, :width], fb.features[:, :width])
     close(a.target.kv_cache, b.target.kv_cache)
-    close(a.drafter.kv_cache, b.drafter.kv_cache)
-    assert torch.equal(a.drafter.cache_len, b.drafter.cache_len)
+    close(a.proposer.drafter.kv_cache, b.proposer.drafter.kv_cache)
+    assert torch.equal(a.proposer.drafter.cache_len, b.proposer.drafter.cache_len)
 
 
 @pytest.mark.parametrize("backend, method, plan", [
@@ -345,18 +349,18 @@ def test_speculative_step_traces_as_one_graph(backend, method, plan):
     """Drafter catch-up and tree growth, the target's tree forward, verify, the commit and compact_kv."""
     enable(backend)
     eager, traced = twin_loops(method, PLANS[plan])
-    want = eager.spec_step(PLANS[plan], 3)
-    step, custom_ops = compile_one_graph(traced.spec_step)
+    want = eager.step(PLANS[plan], 3)
+    step, custom_ops = compile_one_graph(traced.step)
     got = step(PLANS[plan], 3)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
     assert_same_state(eager, traced)
     called = custom_ops()
     assert STEP_OPS[backend] <= called, called
     if plan == "dynamic":
         assert "lantern_reference.build_tree" in called
     # the traced step fed the drafter all of the tree's columns, eager only the longest row's: same next step
-    eager.spec_step(PLANS[plan], 4)
-    traced.spec_step(PLANS[plan], 4)
+    eager.step(PLANS[plan], 4)
+    traced.step(PLANS[plan], 4)
     assert torch.equal(eager.out, traced.out) and torch.equal(eager.n_done, traced.n_done)
 
 
@@ -365,9 +369,9 @@ def test_speculative_step_traces_as_one_graph(backend, method, plan):
 def test_ar_step_traces_as_one_graph(backend):
     enable(backend)
     eager, traced = twin_loops("lantern", PLANS["ar"])
-    want = eager.ar_step(3)
-    got = torch.compile(traced.ar_step, **COMPILE)(3)
-    assert torch.equal(got, want)
+    want = eager.step(PLANS["ar"], 3)
+    got = torch.compile(traced.step, **COMPILE)(PLANS["ar"], 3)
+    assert torch.equal(got[0], want[0])
     assert_same_state(eager, traced)
 
 
@@ -378,9 +382,9 @@ def test_speculative_step_traces_with_the_triton_ops():
     """Under the interpreter the Triton ops are opaque custom ops (their fake implementations trace them)."""
     lantern.enable_fused("triton")
     eager, traced = twin_loops("lantern", PLANS["chain"])
-    want = eager.spec_step(PLANS["chain"], 3)
-    got = torch.compile(traced.spec_step, **COMPILE)(PLANS["chain"], 3)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    want = eager.step(PLANS["chain"], 3)
+    got = torch.compile(traced.step, **COMPILE)(PLANS["chain"], 3)
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
     assert_same_state(eager, traced)
 
 

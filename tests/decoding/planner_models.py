@@ -2,7 +2,6 @@
 target forward (rows x tree nodes) and a time per drafter forward."""
 from lantern.decoding.costs import CostModel
 from lantern.decoding.planner import candidate_plans
-from lantern.decoding.spec import _tree_size
 
 ROWS = (2, 16, 64)
 
@@ -13,5 +12,5 @@ def drafter_forwards(plan) -> int:
 
 def synthetic_costs(dispatch=0.01, per_token=1e-5, drafter=0.005, plans=None, rows=ROWS) -> CostModel:
     plans = plans or candidate_plans(5)
-    return CostModel({p.name: {r: dispatch + per_token * r * _tree_size(p) + drafter * drafter_forwards(p)
+    return CostModel({p.name: {r: dispatch + per_token * r * p.nodes + drafter * drafter_forwards(p)
                                for r in rows} for p in plans})

@@ -13,8 +13,9 @@ import torch
 
 from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
 from lantern.decoding import compiled as compiled_module
+from lantern.decoding.calibration import _mode
 from lantern.decoding.compiled import baseline_compile, resolve_compile
-from lantern.decoding.spec import Sampling, _mode
+from lantern.decoding.config import Sampling
 
 from test_compile_loop import AOT, neighbours, small_models
 

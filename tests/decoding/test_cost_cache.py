@@ -137,7 +137,8 @@ def test_a_new_row_count_extends_the_cached_model(tmp_path):
 def test_calibration_at_a_larger_batch_times_only_the_plans_that_could_pay(tmp_path, monkeypatch):
     """A plan slower than AR at the smaller row count is not timed at the larger one; its point there is
     the bound that ruled it out."""
-    from lantern.decoding.spec import Sampling, calibrate
+    from lantern.decoding.calibration import calibrate
+    from lantern.decoding.config import Sampling
 
     torch.manual_seed(0)
     target = build_gpt("GPT-tiny", block_size=16, n_layer=1).eval()
@@ -162,7 +163,7 @@ def test_a_step_costs_no_more_than_a_step_that_contains_it():
     """Load only adds time: a measured point is lowered to the cheapest measurement of a plan that does all
     of its work (a deeper chain, a larger nested tree, the same plan at more rows); unrelated plans (another
     draft kind, a tree that does not contain it) leave it alone."""
-    from lantern.decoding.spec import _contains, _nested_min
+    from lantern.decoding.calibration import _contains, _nested_min
 
     chain1, chain2 = Plan("chain1", "chain", depth=1, sampled=True), Plan("chain2", "chain", depth=2, sampled=True)
     top2 = Plan("top1chain2", "chain", depth=2)

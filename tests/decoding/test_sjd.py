@@ -10,10 +10,11 @@ import torch
 
 from lantern import ops
 from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
+from lantern.decoding.calibration import calibrate
+from lantern.decoding.config import Sampling
 from lantern.decoding.costs import CostModel
 from lantern.decoding.jacobi import JacobiWindow
 from lantern.decoding.planner import AcceptanceModel, jacobi_plans
-from lantern.decoding.spec import Sampling, calibrate
 from lantern.models import build_gpt
 from lantern.ops.reference import verify as reference_verify
 from planner_models import synthetic_costs

@@ -9,7 +9,9 @@ import torch
 import lantern
 from lantern.decoding import SpecConfig, generate_ar, generate_spec
 from lantern.decoding.planner import AR_PLAN, Plan, candidate_plans
-from lantern.decoding.spec import Sampling, _Loop
+from lantern.decoding.config import Sampling
+from lantern.decoding.proposers import new_state
+from lantern.decoding.state import DecodeState
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter, GPTDrafter
 from planner_models import synthetic_costs
@@ -123,8 +125,6 @@ def test_finished_rows_leave_the_models_batch_and_the_tokens_stay(target, monkey
     """Rows finish raggedly under sampled chains; once a quarter of the models' rows are finished the loop
     drops them from the target's and the drafter's caches, and the sampled tokens are those of the loop
     that keeps computing every row (verify and the draft sampling still see every row at its place)."""
-    from lantern.decoding import spec
-
     labels = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7])
     settings = dict(cfg_scale=3.0, temperature=1.0, seed=5)
     config = SpecConfig(method="spec", tree="chain", depth=3, draft="sampled")
@@ -136,7 +136,7 @@ def test_finished_rows_leave_the_models_batch_and_the_tokens_stay(target, monkey
                         or real_keep(self, rows))
     compacted, stats = generate_spec(target, drafter, labels, config=config, **settings)
     assert kept and all(b < a for a, b in zip([2 * len(labels)] + kept, kept))  # the batch shrank, step by step
-    monkeypatch.setattr(spec._Loop, "should_compact", lambda self, n_active: False)
+    monkeypatch.setattr(DecodeState, "should_compact", lambda self, n_active: False)
     full, full_stats = generate_spec(target, drafter, labels, config=config, **settings)
     assert torch.equal(compacted, full) and stats.plan_counts == full_stats.plan_counts
 
@@ -155,25 +155,23 @@ def test_ar_streaks_and_resumed_speculation_stay_exact_with_ragged_rows(target, 
     drafter = Counting(drafter_named(target, drafter_name))
     config = SpecConfig(method="spec", draft="deterministic")
     with torch.no_grad():
-        loop = _Loop(target, drafter, labels, None, config, Sampling(cfg_scale=3.0, temperature=0.0), L, SCRIPT,
-                     catch_up=True)
+        state = new_state(target, drafter, labels, None, config, Sampling(cfg_scale=3.0, temperature=0.0), L, SCRIPT,
+                         catch_up=True)
         step, ragged = 0, False
-        while bool((loop.n_done < L).any()):
+        while bool((state.n_done < L).any()):
             plan = SCRIPT[step % len(SCRIPT)]
             step += 1
-            before = loop.n_done.clone()
+            before = state.n_done.clone()
             calls = drafter.calls
+            state.step(plan, step)
             if plan.is_ar:
-                loop.ar_step(step)
                 assert drafter.calls == calls
-                assert torch.equal(loop.n_done, torch.where(before < L, before + 1, before))
-            else:
-                loop.spec_step(plan, step)
-            assert bool((loop.n_done <= L).all())
-            ragged |= len(set(loop.n_done.tolist())) > 1
-        loop.close()
-    assert torch.equal(loop.out, want)
-    assert bool((loop.n_done == L).all())
+                assert torch.equal(state.n_done, torch.where(before < L, before + 1, before))
+            assert bool((state.n_done <= L).all())
+            ragged |= len(set(state.n_done.tolist())) > 1
+        state.close()
+    assert torch.equal(state.out, want)
+    assert bool((state.n_done == L).all())
     if drafter_name == "noisy":
         assert ragged
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
-from lantern.models import build_gpt, guided_logits
+from lantern.guidance import guide_halves
+from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter, GPTDrafter
 from planner_models import synthetic_costs
 
@@ -61,7 +62,7 @@ def greedy_without_cache(model, captions, masks, cfg_scale):
     tokens = torch.zeros(B, 0, dtype=torch.int64)
     for _ in range(model.config.block_size):
         logits = model.forward_full(tokens.repeat(2, 1), cond, emb_masks=rows_masks)[:, -1]  # [2B, V]
-        tokens = torch.cat([tokens, guided_logits(logits, cfg_scale).argmax(-1, keepdim=True)], dim=1)
+        tokens = torch.cat([tokens, guide_halves(logits, cfg_scale).argmax(-1, keepdim=True)], dim=1)
     return tokens
 
 

@@ -5,7 +5,8 @@ import torch
 
 import lantern
 from gpt_testing import small_gpt
-from lantern.models import double_for_cfg, guided_logits
+from lantern.guidance import guide_halves
+from lantern.models import double_for_cfg
 
 ATOL = 1e-4
 
@@ -169,9 +170,9 @@ def test_cfg_doubled_batch(model):
     cond = model.forward_full(tokens, labels)
     uncond = model.forward_full(tokens, torch.full((B,), 5))
     for s in (1.0, 3.0, 4.0):
-        torch.testing.assert_close(guided_logits(logits, s), uncond + (cond - uncond) * s, atol=5e-4, rtol=0)
+        torch.testing.assert_close(guide_halves(logits, s), uncond + (cond - uncond) * s, atol=5e-4, rtol=0)
     scale = torch.tensor([2.0, 4.0])
-    g = guided_logits(logits, scale)
+    g = guide_halves(logits, scale)
     torch.testing.assert_close(g[1], (uncond + (cond - uncond) * 4.0)[1], atol=5e-4, rtol=0)
 
 

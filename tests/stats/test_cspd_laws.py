@@ -29,7 +29,8 @@ import pytest
 import torch
 
 import lantern
-from lantern.decoding.cspd import CSpDConfig, CSpDRun, block_from_context, one_step_from_context
+from lantern.decoding.cspd import CSpDConfig, CSpDRun
+from lantern.decoding.cspd_context import block_from_context, one_step_from_context
 from lantern.decoding.mar import sample_orders, tokens_per_step
 from lantern.ops.reference.continuous_verify import ContinuousVerifyResult
 from lantern.ops.reference.continuous_verify import continuous_verify as reference_continuous_verify

@@ -6,9 +6,11 @@ from .cspd import CSpDConfig, CSpDSample, CSpDStats, generate_cspd
 from .mar import MARSample, MARStats, generate_mar, sample_mar
 from .options import check_applicable
 from .planner import Plan, Planner, candidate_plans
-from .spec import SpecConfig, SpecStats, generate_spec, resolve_cost_model
+from .calibration import resolve_cost_model
+from .config import Sampling, SpecConfig, SpecStats
+from .spec import generate_spec
 
-__all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfig", "SpecStats", "CostModel", "Plan",
+__all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfig", "SpecStats", "Sampling", "CostModel", "Plan",
            "Planner", "candidate_plans", "resolve_cost_model", "sample_mar", "generate_mar", "MARSample", "MARStats",
            "generate_cspd", "CSpDConfig", "CSpDStats", "CSpDSample"]
 

@@ -14,7 +14,8 @@ import torch
 
 from .. import ops
 from ..models.gpt import check_emb_masks
-from .compiled import AUTO, CompileOption, CompileStats, check_compile, compiled_models, resolve_compile
+from .compiled import (AUTO, CompileChoice, CompiledRun, CompileOption, CompileStats, check_compile, compiled_target,
+                       resolve_compile)
 from .exclusive import holds_models
 from .options import check_gpt_sampling
 
@@ -107,7 +108,7 @@ def check_length(length: Optional[int], block_size: int) -> int:
 def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, temperature: Number = 1.0,
                 top_k: Number = 0, top_p: Number = 1.0, cfg_interval: int = -1, seed: int = 0,
                 on_token: Optional[Callable[[int], None]] = None, length: Optional[int] = None,
-                emb_masks: Optional[torch.Tensor] = None, compile: CompileOption = AUTO,
+                emb_masks: Optional[torch.Tensor] = None, compile: Union[CompileOption, CompileChoice] = AUTO,
                 stats: Optional[dict] = None, image_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sample a whole image's tokens: cond_idx c2i class ids [B] in [0, num_classes) (or t2i caption
     features [B, C, D]; B >= 1, else ValueError) -> tokens [B, L] int64, L = the model's block_size.
@@ -120,7 +121,8 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     ``length`` stops after the first ``length`` tokens (default: the whole image), the same tokens as the
     full run's prefix. ``compile``: True runs the per-token forwards through torch.compile (inductor;
     CUDA graphs on a GPU), a dict passes those torch.compile options, "auto" (the default) is True where
-    torch.compile works on the device (``compiled.py``); the prefill stays eager. ``stats``, a dict, receives
+    torch.compile works on the device (``compiled.py``), a CompileChoice is a choice already resolved (the
+    speculative loop's); the prefill stays eager. ``stats``, a dict, receives
     compile (what compile resolved to, and why), compile_s (the first call of each new graph, compile
     included) and compiled_graphs. ``image_ids`` [B] (default 0..B-1): each image's Philox row key, so an image's tokens
     depend on its id, not on its place in the batch (SPEC §5). One call at a time per model: a call from
@@ -130,7 +132,8 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     L, C = check_length(length, model.config.block_size), model.config.cond_len
     device = model.tok_embeddings.weight.device
     check_gpt_sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval, B, device)
-    check_compile(compile)
+    if not isinstance(compile, CompileChoice):
+        check_compile(compile)
     guided = not (isinstance(cfg_scale, (int, float)) and cfg_scale == 1.0)
     masks = condition_masks(model, cond_idx, emb_masks, guided)
     cond = model.double_for_cfg(cond_idx) if guided else cond_idx
@@ -140,11 +143,11 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     cache_len = torch.zeros(rows, dtype=torch.int64, device=device)
     logits = model(None, cond, cache_len=cache_len, emb_masks=masks)[:, -1]  # [rows, V]: predicts image token 0
     prefix = model.cond_keys[:rows].clone()  # [rows] condition keys left in each row's cache
-    choice = resolve_compile(compile, device)
+    choice = compile if isinstance(compile, CompileChoice) else resolve_compile(compile, device)
     compiled = CompileStats() if choice.on else None
     step_model = model
     if compiled is not None:
-        step_model, _ = compiled_models(model, None, choice.options, compiled)
+        step_model = compiled_target(model, CompiledRun(choice.options, compiled))
     tokens = torch.empty(B, L, dtype=torch.int64, device=device)
     broken = torch.zeros((), dtype=torch.bool, device=device)  # NaN / +inf logits seen (read once, at the end)
     # The first token is sampled with the ops' value scans on (they check the user's settings); after it the

@@ -189,7 +189,7 @@ class _Compiled:
         self.cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune")
         self.kind, self.device = kind, device
         self.known = set()  # shape keys called before (no compile expected)
-        self.stats = CompileStats()  # the current run's (set by ``compiled_models``)
+        self.stats = CompileStats()  # the current run's (set by ``compiled_target`` / ``compiled_drafter``)
 
     def __call__(self, key: Tuple, *args):
         if self.cuda_graphs:
@@ -365,14 +365,32 @@ def _cached(model, options: dict, make):
     return per_model[key]
 
 
+class CompiledRun(NamedTuple):
+    """A run's compiled forwards: torch.compile's options (``resolve_compile``) and the run's CompileStats."""
+
+    options: dict
+    stats: CompileStats
+
+
+def compiled_target(target, run: CompiledRun):
+    """The compiled wrapper of target, made once per model and options so that later runs reuse its graphs;
+    this run's compilations are recorded in run.stats."""
+    return _bind(_cached(target, run.options, lambda: CompiledTarget(target, run.options)), run.stats)
+
+
+def compiled_drafter(drafter, device: torch.device, run: CompiledRun):
+    """The compiled wrapper of drafter (see ``compiled_target``)."""
+    return _bind(_cached(drafter, run.options, lambda: CompiledDrafter(drafter, device, run.options)), run.stats)
+
+
+def _bind(wrapper, stats: CompileStats):
+    for fn in wrapper.functions:
+        fn.stats = stats
+    return wrapper
+
+
 def compiled_models(target, drafter, options: dict, stats: CompileStats):
-    """The compiled wrappers of target and drafter (drafter None: the target's only), made once per model
-    and options so that later runs reuse their graphs; this run's compilations are recorded in stats."""
+    """The compiled wrappers of target and drafter (drafter None: the target's only)."""
+    run = CompiledRun(options, stats)
     device = target.tok_embeddings.weight.device
-    wrapped = [_cached(target, options, lambda: CompiledTarget(target, options))]
-    if drafter is not None:
-        wrapped.append(_cached(drafter, options, lambda: CompiledDrafter(drafter, device, options)))
-    for w in wrapped:
-        for fn in w.functions:
-            fn.stats = stats
-    return wrapped[0], (wrapped[1] if drafter is not None else None)
+    return compiled_target(target, run), (None if drafter is None else compiled_drafter(drafter, device, run))

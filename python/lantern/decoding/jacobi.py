@@ -38,11 +38,12 @@ class JacobiWindow:
             raise ValueError(f"init must be one of {FRESH_INITS}, got {init!r}")
         self.slots, self.init, self.coupled, self.seed, self.rows = slots, init, coupled, seed, rows
         B, V = root_probs.shape
-        self.tokens = torch.zeros(B, slots, dtype=torch.int64)
-        self.q = torch.zeros(B, slots, V, dtype=torch.float32)
-        self.jacobi = torch.zeros(B, slots, dtype=torch.bool)
+        dev = self.device = root.device
+        self.tokens = torch.zeros(B, slots, dtype=torch.int64, device=dev)
+        self.q = torch.zeros(B, slots, V, dtype=torch.float32, device=dev)
+        self.jacobi = torch.zeros(B, slots, dtype=torch.bool, device=dev)
         rows = root_probs.float()[:, None].expand(B, slots, V)
-        self._fill(~self.jacobi, rows, root, torch.ones(B, dtype=torch.int64), 0)
+        self._fill(~self.jacobi, rows, root, torch.ones(B, dtype=torch.int64, device=dev), 0)
 
     def chain(self, root: torch.Tensor, W: int):
         """root [B] -> (tokens [B, W + 1]: the root, then the first W drafts; draft_probs [B, W + 1, V]: node j's
@@ -60,7 +61,7 @@ class JacobiWindow:
         s = accept_len + 1 + i: drawn from node s's row when s <= W (the Jacobi update); past the forward
         (W < s < slots) the old draft if it was a Jacobi draw; else fresh."""
         B, S, V = self.q.shape
-        old = accept_len[:, None] + 1 + torch.arange(S)  # [B, S]
+        old = accept_len[:, None] + 1 + torch.arange(S, device=self.device)  # [B, S]
         jacobi = old <= W
         old_idx = old.clamp(max=S - 1)
         kept = (old > W) & (old < S) & self.jacobi.gather(1, old_idx)
@@ -82,7 +83,7 @@ class JacobiWindow:
         fresh = new & ~jacobi
         drawn_slots = jacobi | fresh if self.init == "sample" else jacobi
         offset = COUPLED_OFFSET if self.coupled else step
-        drawn = sample_without_replacement(rows, 1, self.seed, n_done[:, None] + torch.arange(S), offset,
+        drawn = sample_without_replacement(rows, 1, self.seed, n_done[:, None] + torch.arange(S, device=self.device), offset,
                                            self.rows)[..., 0]
         tokens = torch.where(drawn_slots, drawn, self.tokens)
         q = torch.where(drawn_slots[..., None], rows, self.q)

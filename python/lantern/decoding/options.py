@@ -233,26 +233,6 @@ def _check_drafting_options(method: str, given, tree: str, cli: bool) -> None:
                                         "plans")
 
 
-def check_spec_config(config, neighbours, relaxed: bool) -> None:
-    """A SpecConfig's bounds and the options its method ignores that differ from SpecConfig's defaults
-    (``spec.check_config`` runs the rest): the tree sizes; delta, lam and k of a relaxed run (k at most the
-    neighbour table's width); a relaxation asked of sjd without a table; sjd's window options elsewhere."""
-    defaults = {name: f.default for name, f in type(config).__dataclass_fields__.items()}
-    check_tree_sizes(config.depth, config.n_nodes, config.window, config.static_widths)
-    if relaxed:
-        check_relaxation(config.delta, config.lam)
-        width = neighbours.shape[1] if hasattr(neighbours, "shape") and len(neighbours.shape) == 2 else None
-        check_int("k", config.k, 0, width, " (neighbours merged at most; the neighbour table's width)")
-    elif config.method == "sjd" and (config.lam is not None or config.delta not in (0, defaults["delta"])):
-        raise OptionError("lam" if config.lam is not None else "delta",
-                          "applies to relaxed acceptance; method='sjd' relaxes only with a neighbour table "
-                          "(neighbours=...), and without it is exact")
-    if config.method != "sjd":
-        for name in ("window", "init"):
-            if getattr(config, name) != defaults[name]:
-                raise OptionError(name, "applies to method='sjd' only")
-
-
 def check_gpt_sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval, B: int, device) -> None:
     """The sampling settings of a GPT decoding call, checked as ``ops.verify`` checks them (numbers, or [B]
     tensors on the model's device; finite in float32, ...), but before the call's first forward."""

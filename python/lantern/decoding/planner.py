@@ -1,7 +1,7 @@
 """The speculation planner of ``tree="auto"``: each verify step it picks the draft tree (or none: a plain AR
 step) that maximises the expected tokens per second of the rows still generating.
 
-- ``Plan``: one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2 dynamic tree of a
+- ``Plan`` (``plans.py``): one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2 dynamic tree of a
   node budget, or, for Jacobi self-drafting (method "sjd"), a window of W drafts). The candidate set is small
   and bucketed (``candidate_plans``, ``jacobi_plans``).
 - ``AcceptanceModel``: per-plan, per-depth acceptance estimated online from the run's own verify results
@@ -21,114 +21,14 @@ plan, so speculative decoding at δ = 0 stays exact whatever it picks.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-DYNAMIC_BUDGETS = (4, 8, 16, 32, 58)
-# static trees of sampled drafts (``trees.static_shape``): 5, 10 and 15 nodes with the root
-STATIC_SHAPES = ((2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1))
-DRAFT_KINDS = (None, "deterministic", "sampled")
-FAMILIES = ("sampled", "top", "jacobi")  # draft families (``Plan.family``), pooled separately
-JACOBI_WINDOWS = (1, 2, 4, 8, 16, 32, 64)  # the windows tree="auto" chooses from (method "sjd")
-JACOBI_PREFIX = "sjd"  # a Jacobi window's plan name: the prefix, then W
-# EAGLE-2 (depth, top_per_node) per node budget: enough candidates (k + (depth - 1) k^2) for the budget,
-# few drafter forwards (depth) for small trees
-DYNAMIC_SHAPES = {4: (3, 2), 8: (4, 3), 16: (5, 4), 32: (5, 7), 58: (5, 10)}
+from .plans import (AR_PLAN, DRAFT_KINDS, DYNAMIC_BUDGETS, DYNAMIC_SHAPES, FAMILIES, JACOBI_PREFIX,  # noqa: F401
+                    JACOBI_WINDOWS, STATIC_SHAPES, Plan, candidate_plans, checked_rates, jacobi_plan, jacobi_plans)
+
 COST_PRIOR_STEPS = 2.0  # adapt_costs: a plan's own measured steps against this many predicted ones
 AR_EVIDENCE = 0.25  # adapt_costs: probe AR when its recent steps weigh less than this many steps
-WIDTH_EXPONENT = 0.3  # effective width of a tree level: (nodes per level) ** WIDTH_EXPONENT (see module doc)
-
-
-@dataclass(frozen=True)
-class Plan:
-    name: str  # "ar", "chain3", "tree16", or the explicit config's tree kind
-    kind: str  # "ar" | "chain" | "dynamic" | "static" | "jacobi" (a window of W = depth self-drafts)
-    depth: int = 0  # draft levels below the root
-    n_nodes: int = 0  # dynamic: drafted nodes kept
-    top_per_node: int = 0  # dynamic: children per expanded node and beam width
-    static_widths: Tuple[int, ...] = ()
-    sampled: bool = False  # chain: drafts drawn from the drafter's distribution (static trees always are)
-
-    @property
-    def is_ar(self) -> bool:
-        return self.kind == "ar"
-
-    @property
-    def samples(self) -> bool:
-        """Whether the drafts are drawn from the drafter's distribution (else its top tokens)."""
-        return self.kind == "static" or (self.kind == "chain" and self.sampled)
-
-    @property
-    def family(self) -> str:
-        """The draft family whose acceptance data the plan shares (``FAMILIES``)."""
-        if self.kind == "jacobi":
-            return "jacobi"
-        return "sampled" if self.samples else "top"
-
-    def effective_width(self) -> float:
-        """How many alternatives a level offers, for the shared acceptance model (a chain: 1)."""
-        if self.kind == "dynamic":
-            return max(1.0, self.n_nodes / max(self.depth, 1)) ** WIDTH_EXPONENT
-        if self.kind == "static":
-            return max(1.0, float(self.static_widths[0] if self.static_widths else 1)) ** WIDTH_EXPONENT
-        return 1.0
-
-
-AR_PLAN = Plan("ar", "ar")
-
-
-def candidate_plans(max_depth: int = 5, budgets: Sequence[int] = DYNAMIC_BUDGETS, draft: Optional[str] = None,
-                    static_shapes: Sequence[Tuple[int, ...]] = STATIC_SHAPES) -> List[Plan]:
-    """AR; chains of depth 1..max_depth; static trees of sampled drafts (``static_shapes`` no deeper than
-    max_depth); EAGLE-2 trees of the bucketed node budgets (depth <= max_depth).
-
-    draft: None (the default) samples the chains' drafts and keeps both tree kinds; "sampled" drops the
-    EAGLE-2 trees (their drafts are each node's top tokens); "deterministic" takes the chains' top-1 drafts
-    and drops the static trees (their drafts are sampled)."""
-    if max_depth < 1:
-        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
-    if draft not in DRAFT_KINDS:
-        raise ValueError(f"draft must be one of {DRAFT_KINDS}, got {draft!r}")
-    sampled = draft != "deterministic"
-    prefix = "chain" if sampled else "top1chain"
-    plans = [AR_PLAN] + [Plan(f"{prefix}{d}", "chain", depth=d, sampled=sampled) for d in range(1, max_depth + 1)]
-    if draft != "deterministic":
-        for widths in static_shapes:
-            if len(widths) <= max_depth:
-                plans.append(Plan("static" + "-".join(map(str, widths)), "static", depth=len(widths),
-                                  static_widths=tuple(widths)))
-    if draft != "sampled":
-        for n in budgets:
-            depth, top = DYNAMIC_SHAPES.get(n, (max_depth, 10))
-            plans.append(Plan(f"tree{n}", "dynamic", depth=min(depth, max_depth), n_nodes=n, top_per_node=top))
-    return plans
-
-
-def jacobi_plan(window: int) -> Plan:
-    """A Jacobi self-drafting step over a window of ``window`` drafts (one target forward, no drafter)."""
-    return Plan(f"{JACOBI_PREFIX}{window}", "jacobi", depth=window)
-
-
-def checked_rates(what: str, rates: Optional[Mapping[str, Sequence[float]]]) -> Dict[str, List[float]]:
-    """Acceptance rates per level keyed by a draft family of ``FAMILIES`` or a Jacobi window's plan name
-    (``jacobi_plan``), each in [0, 1), as floats; else a ValueError naming ``what``."""
-    checked = {}
-    for key, values in (rates or {}).items():
-        known = key in FAMILIES or (isinstance(key, str) and re.fullmatch(JACOBI_PREFIX + r"[1-9][0-9]*", key))
-        if not known or not all(0.0 <= float(r) < 1.0 for r in values):
-            raise ValueError(f"{what} must map a family of {FAMILIES} or a Jacobi window's name "
-                             f"('{JACOBI_PREFIX}<W>') to rates in [0, 1), got {key!r}: {values!r}")
-        checked[key] = [float(r) for r in values]
-    return checked
-
-
-def jacobi_plans(max_window: int = 8, windows: Sequence[int] = JACOBI_WINDOWS) -> List[Plan]:
-    """AR and the Jacobi windows of ``windows`` up to ``max_window``, ``max_window`` itself included."""
-    if max_window < 1:
-        raise ValueError(f"max_window must be >= 1, got {max_window}")
-    sizes = sorted({w for w in windows if 1 <= w <= max_window} | {max_window})
-    return [AR_PLAN] + [jacobi_plan(w) for w in sizes]
 
 
 class AcceptanceModel:

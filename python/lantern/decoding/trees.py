@@ -2,18 +2,18 @@
 dynamic (EAGLE-2: top-k per node, a beam of the best nodes per depth, the best N nodes overall).
 
 A tree is (tokens [B, T], parents [B, T], depth [B, T], draft_probs [B, T, V] or None); node 0 is the
-root (the last committed token). Builders create tensors on the default device: the loop calls them
-under ``with torch.device(...)``. Each grows depth by depth; at each depth the drafter scores the whole
+root (the last committed token). Builders allocate on the device of the root's tokens. Each grows depth by depth; at each depth the drafter scores the whole
 partial tree below the root (``Drafter.expand``), so its cache holds only committed tokens.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from .. import ops
+from ..guidance import guide
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's sampling stream: another Philox key than verify's
 
@@ -25,23 +25,6 @@ class Tree:
     depth: torch.Tensor  # [B, T] int64 (root 0)
     draft_probs: Optional[torch.Tensor]  # [B, T, V] (sampled drafts) or None (deterministic)
     draft_forwards: int
-
-
-def static_shape(widths: Sequence[int]) -> List[int]:
-    """Parents of the fixed static tree: a node at depth d that is its parent's r-th child gets
-    max(0, widths[d] - r) children (the root is depth 0, rank 0). (6, 4, 3, 2, 1, 1) -> 56 nodes."""
-    parents, ranks, depths = [-1], [0], [0]
-    frontier = [0]
-    for d, width in enumerate(widths):
-        nxt = []
-        for node in frontier:
-            for r in range(max(0, width - ranks[node])):
-                parents.append(node)
-                ranks.append(r)
-                depths.append(d + 1)
-                nxt.append(len(parents) - 1)
-        frontier = nxt
-    return parents
 
 
 def unguided_past_interval(cond: torch.Tensor, uncond: torch.Tensor, predicts: torch.Tensor,
@@ -57,16 +40,12 @@ def unguided_past_interval(cond: torch.Tensor, uncond: torch.Tensor, predicts: t
 
 def guided_logits(logits: torch.Tensor, B: int, guided: bool, cfg_scale, predicts: torch.Tensor,
                   cfg_interval: int) -> torch.Tensor:
-    """Classifier-free guidance of a model's rows: logits [rows, ..., V] ([cond; uncond] halves when guided,
-    rows = 2B; else rows = B), predicts [B, ...] the token index each row of logits predicts (LlamaGen's
-    cfg_interval) -> [B, ..., V]."""
+    """Classifier-free guidance (``guidance.guide``) of a model's rows: logits [rows, ..., V] ([cond; uncond]
+    halves when guided, rows = 2B; else rows = B), predicts [B, ...] the token index each row of logits
+    predicts (LlamaGen's cfg_interval) -> [B, ..., V]."""
     if not guided:
         return logits
-    cond, uncond = logits[:B], unguided_past_interval(logits[:B], logits[B:], predicts, cfg_interval)
-    s = cfg_scale
-    if isinstance(s, torch.Tensor):
-        s = s.view(-1, *([1] * (cond.dim() - 1)))
-    return uncond + s * (cond - uncond)
+    return guide(logits[:B], unguided_past_interval(logits[:B], logits[B:], predicts, cfg_interval), cfg_scale)
 
 
 class DraftScorer:
@@ -126,32 +105,33 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
                process: Callable, seed: int, offset: int, rows: Optional[torch.Tensor] = None) -> Tree:
     """A chain of `depth` drafts: top-1 (deterministic) or one draw from the processed draft distribution
     (keyed by the row keys ``rows`` [B], default b: ``sample_without_replacement``)."""
-    B = root_tok.shape[0]
+    B, dev = root_tok.shape[0], root_tok.device
     probs = []  # node d's draft distribution (its child was drawn from it)
     logits, node_state = root_logits, None  # [B, V] guided
-    chain_parents = torch.empty(B, 0, dtype=torch.int64)
-    chain_tokens = torch.empty(B, 0, dtype=torch.int64)
+    chain_parents = torch.empty(B, 0, dtype=torch.int64, device=dev)
+    chain_tokens = torch.empty(B, 0, dtype=torch.int64, device=dev)
     for d in range(depth):
         q = process(logits)  # [B, V]
         if sampled:
-            tok = sample_without_replacement(q[:, None], 1, seed, torch.full((B, 1), d), offset, rows)[:, 0, 0]
+            tok = sample_without_replacement(q[:, None], 1, seed, torch.full((B, 1), d, device=dev), offset, rows)[:, 0, 0]
         else:
             tok = logits.argmax(-1)
         probs.append(q)
         chain_tokens = torch.cat([chain_tokens, tok[:, None]], 1)
-        chain_parents = torch.cat([chain_parents, torch.full((B, 1), d - 1)], 1)
+        chain_parents = torch.cat([chain_parents, torch.full((B, 1), d - 1, device=dev)], 1)
         if d + 1 < depth:
-            level_depth = torch.arange(1, d + 2).expand(B, -1)
+            level_depth = torch.arange(1, d + 2, device=dev).expand(B, -1)
             parent_state = _gather_state(root_state, node_state, scorer.rows(chain_parents))
             all_logits, node_state = scorer.score(chain_tokens, chain_parents, level_depth, parent_state)
             logits = all_logits[:, -1]
     T = depth + 1
     tree_tokens = torch.cat([root_tok[:, None], chain_tokens], 1)
-    tree_parents = torch.arange(-1, T - 1).expand(B, T).contiguous()
+    tree_parents = torch.arange(-1, T - 1, device=dev).expand(B, T).contiguous()
     draft_probs = None
     if sampled:
         draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # node d's children drawn from probs[d]
-    return Tree(tree_tokens, tree_parents, torch.arange(T).expand(B, T).contiguous(), draft_probs, scorer.forwards)
+    return Tree(tree_tokens, tree_parents, torch.arange(T, device=dev).expand(B, T).contiguous(), draft_probs,
+                scorer.forwards)
 
 
 @dataclass(frozen=True)
@@ -199,23 +179,24 @@ def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: L
     """The fixed shape, children of each node drawn without replacement from the node's processed draft
     distribution (sampled drafts, EAGLE-1 / LANTERN++ style; row keys ``rows`` [B], default b). One drafter
     call and one draw per depth."""
-    B, T, V = root_tok.shape[0], len(shape), root_logits.shape[-1]
+    B, T, V, dev = root_tok.shape[0], len(shape), root_logits.shape[-1], root_tok.device
     layout = static_layout(tuple(shape))
-    parents = torch.tensor(layout.parents).expand(B, T).contiguous()
-    depth = torch.tensor(layout.depth)  # [T]
-    tokens = torch.zeros(B, T, dtype=torch.int64)
+    parents = torch.tensor(layout.parents, device=dev).expand(B, T).contiguous()
+    depth = torch.tensor(layout.depth, device=dev)  # [T]
+    tokens = torch.zeros(B, T, dtype=torch.int64, device=dev)
     tokens[:, 0] = root_tok
-    draft_probs = torch.zeros(B, T, V)
+    draft_probs = torch.zeros(B, T, V, device=dev)
     level_logits = root_logits[:, None]  # [B, n, V] logits of the nodes of the current depth
     node_state = None
     n_levels = len(layout.levels)
     for d in range(n_levels - 1):
         level, kids = layout.levels[d], layout.levels[d + 1]
-        level_ids = torch.tensor(level)
+        level_ids = torch.tensor(level, device=dev)
         q = process(level_logits)  # [B, n, V]
         draft_probs[:, level[0]: level[-1] + 1] = q  # a level's nodes are contiguous (BFS order)
         draws = sample_without_replacement(q, layout.draws[d], seed, level_ids.expand(B, -1), offset, rows)  # [B, n, m]
-        tokens[:, kids[0]: kids[-1] + 1] = draws[:, torch.tensor(layout.kid_slot[d]), torch.tensor(layout.kid_rank[d])]
+        tokens[:, kids[0]: kids[-1] + 1] = draws[:, torch.tensor(layout.kid_slot[d], device=dev),
+                                                 torch.tensor(layout.kid_rank[d], device=dev)]
         if d + 2 < n_levels:
             upto = kids[-1] + 1  # nodes 1..upto-1 form the partial tree (BFS order)
             sub_parents = parents[:, 1:upto] - 1  # partial-tree indices; the root becomes -1
@@ -231,14 +212,15 @@ def grow_dynamic(scorer: DraftScorer, root_tok, root_logits, root_state, depth: 
     """EAGLE-2: expand the beam (the best `top_per_node` nodes of the last depth by cumulative draft
     log-probability) by each node's top `top_per_node` tokens; after `depth` levels keep the best
     `n_nodes` of all candidates (lantern.ops.build_tree). Deterministic drafts."""
-    B, k = root_tok.shape[0], top_per_node
+    B, k, dev = root_tok.shape[0], top_per_node, root_tok.device
     logp = torch.log_softmax(root_logits, -1)  # [B, V]
     scores, toks = logp.topk(k, dim=-1)  # [B, k]
-    cand_tokens, cand_parents, cand_scores = [toks], [torch.full((B, k), -1)], [scores]
-    beam_cand = torch.arange(k).expand(B, k)  # candidate index of each beam node
+    cand_tokens, cand_parents, cand_scores = [toks], [torch.full((B, k), -1, device=dev)], [scores]
+    beam_cand = torch.arange(k, device=dev).expand(B, k)  # candidate index of each beam node
     beam_scores = scores
     # the partial tree = the beams of all depths so far; partial index of each beam node
-    tree_tokens, tree_parents, tree_depth = toks, torch.full((B, k), -1), torch.ones(B, k, dtype=torch.int64)
+    tree_tokens, tree_parents, tree_depth = toks, torch.full((B, k), -1, device=dev), \
+        torch.ones(B, k, dtype=torch.int64, device=dev)
     node_state = None
     n_cand = k
     for d in range(1, depth):
@@ -258,7 +240,7 @@ def grow_dynamic(scorer: DraftScorer, root_tok, root_logits, root_state, depth: 
         beam_parent_partial = (d - 1) * k + pick // k  # the picked child's parent is beam node pick // k
         tree_tokens = torch.cat([tree_tokens, flat_toks.gather(1, pick)], 1)
         tree_parents = torch.cat([tree_parents, beam_parent_partial], 1)
-        tree_depth = torch.cat([tree_depth, torch.full((B, k), d + 1)], 1)
+        tree_depth = torch.cat([tree_depth, torch.full((B, k), d + 1, device=dev)], 1)
     tokens, parents = ops.build_tree(torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1),
                                      torch.cat(cand_scores, 1), root_tok, min(n_nodes, n_cand))
     return Tree(tokens, parents, _depths(parents), None, scorer.forwards)

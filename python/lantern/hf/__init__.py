@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
-from .target import Target, TargetConfig
+from ..decoding.target import Target, TargetConfig
 
 __all__ = ["wrap", "generate", "lumina_mgpt_options", "Target", "TargetConfig", "HFTarget", "NotTraceable"]
 

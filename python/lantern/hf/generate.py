@@ -18,8 +18,8 @@ import torch
 from torch._dynamo.exc import TorchDynamoException
 
 from ..decoding.ar import generate_ar
+from ..decoding import SpecConfig, generate_spec
 from ..decoding.compiled import AUTO, check_compile
-from ..decoding.spec import SpecConfig, generate_spec
 
 METHODS = ("ar", "sjd", "lantern", "spec")
 

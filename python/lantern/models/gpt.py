@@ -577,12 +577,3 @@ def build_gpt(name: str, model_type: str = "c2i", block_size: Optional[int] = No
 def double_for_cfg(model: Transformer, cond_idx: torch.Tensor) -> torch.Tensor:
     """[B, ...] condition -> [2B, ...] rows [cond; uncond] (LlamaGen's doubled-batch guidance)."""
     return model.double_for_cfg(cond_idx)
-
-
-def guided_logits(logits: torch.Tensor, cfg_scale) -> torch.Tensor:
-    """logits [2B, ...] from a doubled batch [cond; uncond] -> [B, ...] = uncond + (cond - uncond) * cfg_scale.
-    cfg_scale a number or a [B] tensor."""
-    cond, uncond = torch.split(logits, logits.shape[0] // 2, dim=0)
-    if isinstance(cfg_scale, torch.Tensor) and cfg_scale.dim() == 1:
-        cfg_scale = cfg_scale.view(-1, *([1] * (logits.dim() - 1))).to(logits.dtype)
-    return uncond + (cond - uncond) * cfg_scale
