@@ -9,7 +9,6 @@ import torch
 from PIL import Image
 
 from lantern.cli import main
-from lantern.pretrained import TINY_DIR
 
 
 def lantern_cli(*args, timeout=600):
@@ -32,7 +31,8 @@ def test_generate_ar_writes_grid_and_figures(tmp_path):
 def test_same_seed_same_picture(tmp_path):
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     for path in (a, b):
-        lantern_cli("generate", "--classes", "4", "--per-class", "1", "--seed", "9", "--out", str(path), "--no-progress")
+        lantern_cli("generate", "--classes", "4", "--per-class", "1", "--seed", "9", "--out", str(path),
+                    "--no-progress")
     assert a.read_bytes() == b.read_bytes()
 
 
@@ -48,7 +48,8 @@ def test_generate_lantern_reports_speculative_figures(tmp_path):
     assert figures["tau"] >= 1.0 and figures["target_forwards"] <= 64
 
 
-@pytest.mark.parametrize("extra", [[], ["--coupling", "--delta", "0.2", "--k", "100"]], ids=["exact", "coupled-relaxed"])
+@pytest.mark.parametrize("extra", [[], ["--coupling", "--delta", "0.2", "--k", "100"]],
+                         ids=["exact", "coupled-relaxed"])
 def test_generate_sjd_needs_no_drafter(tmp_path, extra):
     js = tmp_path / "run.json"
     stdout = lantern_cli("generate", "--method", "sjd", "--tree", "chain", "--window", "4", "--classes", "1",
@@ -80,8 +81,9 @@ def test_help_explains_the_options():
 
 @pytest.fixture
 def stub_gpt(monkeypatch):
-    """The discrete models' loader (``lantern.sources.load_discrete``) replaced by a small random GPT (5 classes, V 64) and a VQ stub over a random
-    codebook; ``loads`` counts the loads, so a test can tell whether an error came before any."""
+    """The discrete models' loader (``lantern.sources.load_discrete``) replaced by a small random GPT (5 classes,
+    V 64) and a VQ stub over a random codebook; ``loads`` counts the loads, so a test can tell whether an error
+    came before any."""
     from types import SimpleNamespace
 
     import torch
@@ -187,11 +189,11 @@ class StubVQ:
 
 @pytest.fixture
 def stub_models(monkeypatch):
-    """The discrete models' loader (``lantern.sources.load_discrete``) replaced: a small random 10-class GPT (like the tiny model's classes) and a
-    stub VQ; ``loads`` counts the loads, so a test can tell an error came before any model was loaded."""
-    from models.gpt_testing import small_gpt
-
+    """The discrete models' loader (``lantern.sources.load_discrete``) replaced: a small random 10-class GPT (like
+    the tiny model's classes) and a stub VQ; ``loads`` counts the loads, so a test can tell an error came before
+    any model was loaded."""
     from lantern import sources
+    from models.gpt_testing import small_gpt
 
     loads = []
     gpt = small_gpt(0, num_classes=10)
@@ -281,8 +283,9 @@ def test_demo_json_fails_before_running(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("model,option", [
     ("tiny", ["--image-size", "512"]), ("tiny", ["--gpt-name", "GPT-B"]), ("tiny", ["--num-iter", "4"]),
-    ("tiny", ["--vae", "kl.ckpt"]), ("checkpoint", ["--mar-name", "MAR-L"]), ("checkpoint", ["--cfg-schedule", "linear"]),
-    ("tiny-mar", ["--image-size", "384"]), ("tiny-mar", ["--num-sampling-steps", "10"]), ("tiny-mar", ["--vq", "vq.pt"]),
+    ("tiny", ["--vae", "kl.ckpt"]), ("checkpoint", ["--mar-name", "MAR-L"]),
+    ("checkpoint", ["--cfg-schedule", "linear"]), ("tiny-mar", ["--image-size", "384"]),
+    ("tiny-mar", ["--num-sampling-steps", "10"]), ("tiny-mar", ["--vq", "vq.pt"]),
     ("mar-checkpoint", ["--gpt", "gpt.pt"]),
 ])
 def test_options_of_other_models_are_rejected(stub_models, tmp_path, model, option):
@@ -299,7 +302,6 @@ def test_options_of_the_chosen_model_still_run(stub_models, tmp_path):
 
 def test_json_of_one_image_is_valid_json_with_null(stub_models, tmp_path, monkeypatch):
     import json
-    import math
 
     import lantern.tiny.evaluate
 

@@ -119,7 +119,8 @@ def test_tiny_mar_cspd_generates(tmp_path):
                          "--no-progress")
     assert "classifier accuracy" in stdout
     f = json.loads(js.read_text())
-    for key in ("speedup_vs_ar", "acceptance", "residual_fallbacks", "tau", "class_accuracy", "fd", "ar_class_accuracy"):
+    keys = ("speedup_vs_ar", "acceptance", "residual_fallbacks", "tau", "class_accuracy", "fd", "ar_class_accuracy")
+    for key in keys:
         assert key in f
 
 

@@ -16,8 +16,8 @@ import torch
 
 import lantern
 from lantern import _backend, ops
-from lantern.decoding.planner import Plan
 from lantern.decoding import Sampling, SpecConfig
+from lantern.decoding.planner import Plan
 from lantern.decoding.proposers import new_state
 from lantern.decoding.state import DecodeState
 from lantern.models import build_gpt

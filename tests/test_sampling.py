@@ -115,8 +115,8 @@ def test_discrete_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
 def test_mar_blocks_are_generate_calls_keyed_by_image_id(tmp_path):
     """Block j of a MAR run is lantern.generate on its ids' labels with the run's settings and image_ids = its
     ids, each image decoded alone. Negative control: keyed by row, the second block's image is another."""
-    from lantern.sources import decode_mar
     from lantern.models import to_uint8
+    from lantern.sources import decode_mar
     from lantern.tiny_mar import load_tiny_mar
 
     torch.set_num_threads(1)

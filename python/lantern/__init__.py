@@ -1,10 +1,9 @@
 """lantern: relaxed speculative decoding (LANTERN) for visual autoregressive image models."""
 from . import models, ops
 from ._backend import active_backend, disable_fused, enable_fused, fused, fused_ops, run_self_checks, self_check_report
+from ._version import __version__
 from .decoding import generate
 from .sampling import sample
-
-from ._version import __version__
 
 
 def build_info() -> str:

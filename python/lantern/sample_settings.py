@@ -18,9 +18,9 @@ import torch
 
 from .decoding import SpecConfig
 from .decoding.compiled import COMPILE_CHOICES
+from .decoding.config import DRAFTS, TREES
 from .decoding.jacobi import FRESH_INITS
 from .decoding.options import GPT_METHODS, MAR_METHODS
-from .decoding.config import DRAFTS, TREES
 from .ops.checks_verify import BUDGETS
 from .ops.reference.continuous_verify import RULES, SIGMA_RATIOS
 

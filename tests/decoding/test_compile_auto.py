@@ -16,7 +16,6 @@ from lantern.decoding import compiled as compiled_module
 from lantern.decoding.calibration import _mode
 from lantern.decoding.compiled import baseline_compile, resolve_compile
 from lantern.decoding.config import Sampling
-
 from test_compile_loop import AOT, neighbours, small_models
 
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lantern.decoding import SpecConfig, resolve_cost_model
-from lantern.decoding import costs
+from lantern.decoding import SpecConfig, costs, resolve_cost_model
 from lantern.decoding.planner import AR_PLAN, Plan, Planner
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter

@@ -145,7 +145,8 @@ def test_schedule_and_counts(target, drafter, num_iter, gamma, prefill):
     assert s.prefill_steps == n_prefill and s.blocks == n_blocks and s.steps == num_iter
     assert s.target_forwards == n_prefill + n_blocks and s.drafter_forwards == num_iter - n_prefill
     T = target.diffloss.gen_diffusion.num_timesteps
-    assert s.target_head_evaluations == T * (n_prefill + n_blocks) and s.drafter_head_evaluations == T * (num_iter - n_prefill)
+    assert s.target_head_evaluations == T * (n_prefill + n_blocks)
+    assert s.drafter_head_evaluations == T * (num_iter - n_prefill)
     assert s.prefill_tokens == B * sum(per_step[:n_prefill]) and s.drafted == B * sum(per_step[n_prefill:])
     assert s.prefill_tokens + s.drafted == B * L
     assert s.drafted_by_step == [0] * n_prefill + [B * c for c in per_step[n_prefill:]]

@@ -4,7 +4,8 @@ step). Every host read of a tensor value goes through one of the Tensor methods 
 the loop counts the loop's syncs (on a GPU each one waits for the device). The value scans of the ops are
 off inside the loop (``ops.checks.values_checked_by_caller``): the loop checks the models' logits itself,
 folded into its one read. The fused backend is tested: the reference ops are the readable definitions
-and read values in their Python control flow (process_logits' filters, compact_kv). Negative control: with the scans back on, the count is far above one per step."""
+and read values in their Python control flow (process_logits' filters, compact_kv). Negative control: with the
+scans back on, the count is far above one per step."""
 import contextlib
 import copy
 import traceback
@@ -15,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 import lantern
 from lantern import ops
-from lantern.decoding import SpecConfig, generate_spec, spec
+from lantern.decoding import SpecConfig, generate_spec
 from lantern.models import build_gpt
 from lantern.models.drafter import GPTDrafter
 

@@ -16,7 +16,6 @@ from lantern import ops
 from lantern.decoding import generate
 from lantern.models import build_gpt
 from lantern.models.drafter import GPTDrafter
-
 from rounding import shape_dependent_rounding
 from test_spec import sharpen
 

@@ -17,7 +17,6 @@ from rounding import shape_dependent_rounding
 from stats import philox_ref
 from threads import run_in_threads
 
-
 CASES = [(0, mar_loop.PURPOSE_X_T, 0, 0, 0), (7, mar_loop.PURPOSE_EPS, 12, 63, 49),
          (2**40 + 5, mar_loop.PURPOSE_EPS_0, 999, 255, 0), (123, mar_loop.PURPOSE_EPS, 2**32 - 1, 5, 99)]
 

@@ -123,7 +123,8 @@ def test_concurrent_cache_writers_and_readers(tmp_path):
             warnings.simplefilter("error")  # a reader that saw half a file would warn and rebuild
             assert torch.equal(neighbour_table(codebook, 8, directory=tmp_path), want)
 
-    workers = [threading.Thread(target=_hammer, args=(fn, 2.0, errors)) for fn in (write, write, write, write, read, read)]
+    calls = (write, write, write, write, read, read)
+    workers = [threading.Thread(target=_hammer, args=(fn, 2.0, errors)) for fn in calls]
     for w in workers:
         w.start()
     for w in workers:

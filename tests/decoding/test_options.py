@@ -158,7 +158,8 @@ def _gpt_refusals(drafter, table):
         (dict(method="sjd", n_nodes=3), "n_nodes does not apply to method='sjd'"),
         (dict(method="spec", drafter=drafter, tree="chain", n_nodes=4), "n_nodes applies to tree='dynamic'"),
         (dict(method="spec", drafter=drafter, tree="chain", top_per_node=4), "top_per_node applies to tree='dynamic'"),
-        (dict(method="spec", drafter=drafter, tree="chain", static_widths=(2,)), "static_widths applies to tree='static'"),
+        (dict(method="spec", drafter=drafter, tree="chain", static_widths=(2,)),
+         "static_widths applies to tree='static'"),
         (dict(method="spec", drafter=drafter, tree="static", depth=2), "depth does not apply to tree='static'"),
         (dict(method="spec", drafter=drafter, tree="chain", margin=0.2), "margin applies to tree='auto'"),
         (dict(method="spec", drafter=drafter, num_iter=4), "num_iter applies to MAR models only"),
@@ -240,9 +241,8 @@ def test_the_dispatch_default_method_follows_the_family(gpt, mar, drafter, table
 
 @pytest.fixture(scope="module")
 def small_pair():
-    from models.gpt_testing import small_gpt
-
     from lantern.models.drafter import GPTDrafter
+    from models.gpt_testing import small_gpt
 
     return small_gpt(0), GPTDrafter(small_gpt(1, n_layer=1))  # num_classes 5, V 64, 4x4 tokens
 

@@ -8,8 +8,8 @@ import torch
 
 import lantern
 from lantern.decoding import SpecConfig, generate_ar, generate_spec
-from lantern.decoding.planner import AR_PLAN, Plan, candidate_plans
 from lantern.decoding.config import Sampling
+from lantern.decoding.planner import AR_PLAN, Plan, candidate_plans
 from lantern.decoding.proposers import new_state
 from lantern.decoding.state import DecodeState
 from lantern.models import build_gpt

@@ -3,7 +3,8 @@ fixed seed, on the shipped tiny model (GPT-tiny: 4 layers, 4 heads, Dh 64, 1024-
 
 Reduced image, because the interpreter executes every Triton program in Python (a full-size run of the four
 settings took 4 minutes): the shipped target and its shipped EAGLE drafter, 2 class labels, small trees,
-and each run stops after the first LENGTH = 10 of the 64 tokens (``length=``). The drafter agrees with the target often enough that trees are partly accepted, so the rows'
+and each run stops after the first LENGTH = 10 of the 64 tokens (``length=``). The drafter agrees with the
+target often enough that trees are partly accepted, so the rows'
 cache lengths become ragged, verify walks real trees and compact_kv moves real paths. Runs only under the
 interpreter (CPU tensors): the loop's bookkeeping lives on the CPU; on a GPU the kernel tests cover the ops.
 

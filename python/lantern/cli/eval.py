@@ -6,9 +6,18 @@ import argparse
 import torch
 
 from .. import sample_eval
-from ..sample_eval import (INCEPTION_HINT, MAX_EVAL_BATCH, REFERENCE_HINT, check_inception_weights,
-                           inception_figures, load_samples, read_npz_images, require_fidelity, settings_classes,
-                           tiny_figures)
+from ..sample_eval import (
+    INCEPTION_HINT,
+    MAX_EVAL_BATCH,
+    REFERENCE_HINT,
+    check_inception_weights,
+    inception_figures,
+    load_samples,
+    read_npz_images,
+    require_fidelity,
+    settings_classes,
+    tiny_figures,
+)
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -7,8 +7,18 @@ from __future__ import annotations
 import argparse
 
 from ..decoding import CSpDConfig, SpecConfig
-from ..sample_settings import (CFG_SCHEDULES, DRAFT_KINDS, DTYPES, IMAGE_SIZES, METHODS, MODELS, VAE_NAMES,
-                               SampleSettings, default_device, default_of)
+from ..sample_settings import (
+    CFG_SCHEDULES,
+    DRAFT_KINDS,
+    DTYPES,
+    IMAGE_SIZES,
+    METHODS,
+    MODELS,
+    VAE_NAMES,
+    SampleSettings,
+    default_device,
+    default_of,
+)
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

@@ -1,18 +1,18 @@
 """Decoding loops: autoregressive sampling (``ar``), speculative / LANTERN decoding (``spec``), MAR's
 masked loop with a diffusion head (``mar``) and continuous speculative decoding for MAR (``cspd``)."""
 from .ar import generate_ar, sample_next
+from .calibration import resolve_cost_model
+from .config import Sampling, SpecConfig, SpecStats
 from .costs import CostModel
 from .cspd import CSpDConfig, CSpDSample, CSpDStats, generate_cspd
 from .mar import MARSample, MARStats, generate_mar, sample_mar
 from .options import check_applicable
 from .planner import Plan, Planner, candidate_plans
-from .calibration import resolve_cost_model
-from .config import Sampling, SpecConfig, SpecStats
 from .spec import generate_spec
 
-__all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfig", "SpecStats", "Sampling", "CostModel", "Plan",
-           "Planner", "candidate_plans", "resolve_cost_model", "sample_mar", "generate_mar", "MARSample", "MARStats",
-           "generate_cspd", "CSpDConfig", "CSpDStats", "CSpDSample"]
+__all__ = ["generate", "generate_ar", "sample_next", "generate_spec", "SpecConfig", "SpecStats", "Sampling",
+           "CostModel", "Plan", "Planner", "candidate_plans", "resolve_cost_model", "sample_mar", "generate_mar",
+           "MARSample", "MARStats", "generate_cspd", "CSpDConfig", "CSpDStats", "CSpDSample"]
 
 
 # the defaults of generate's own keywords, against which "given" is told (options.check_applicable)
@@ -55,8 +55,8 @@ def generate(model, cond_idx, *, method=None, drafter=None, neighbours=None, tre
     it is given a value other than its default (``options.py``). One call at a time per GPT model: a call from
     another thread on the same model or drafter waits for it (``exclusive.py``)."""
     if getattr(model, "family", None) == "hf":  # a transformers model wrapped by lantern.hf.wrap
-        return model.generate(cond_idx, method=method or "lantern", drafter=drafter, neighbours=neighbours, tree=tree, k=k,
-                              delta=delta, lam=lam, budget=budget, cfg_scale=cfg_scale, temperature=temperature,
+        return model.generate(cond_idx, method=method or "lantern", drafter=drafter, neighbours=neighbours, tree=tree,
+                              k=k, delta=delta, lam=lam, budget=budget, cfg_scale=cfg_scale, temperature=temperature,
                               top_k=top_k, top_p=top_p, cfg_interval=cfg_interval, seed=seed, length=length,
                               emb_masks=emb_masks, compile=compile, image_ids=image_ids, **options)
     family = "mar" if getattr(model, "family", None) == "mar" else "gpt"

@@ -14,8 +14,16 @@ import torch
 
 from .. import ops
 from ..models.gpt import check_emb_masks
-from .compiled import (AUTO, CompileChoice, CompiledRun, CompileOption, CompileStats, check_compile, compiled_target,
-                       resolve_compile)
+from .compiled import (
+    AUTO,
+    CompileChoice,
+    CompiledRun,
+    CompileOption,
+    CompileStats,
+    check_compile,
+    compiled_target,
+    resolve_compile,
+)
 from .exclusive import holds_models
 from .options import check_gpt_sampling
 

@@ -28,8 +28,19 @@ import torch
 from .. import ops
 from ..ops.checks_continuous import check_settings
 from ..ops.reference.continuous_verify import DEFAULT_MAX_TRIES, capped
-from .mar import (cfg_scale_at, check_finite_tokens, check_flag, check_sampling, conditions, forward_guided,
-                  predict_positions, sample_orders, step_positions, sync_device, token_dtype)
+from .mar import (
+    cfg_scale_at,
+    check_finite_tokens,
+    check_flag,
+    check_sampling,
+    conditions,
+    forward_guided,
+    predict_positions,
+    sample_orders,
+    step_positions,
+    sync_device,
+    token_dtype,
+)
 from .options import OptionError
 
 DEFAULT_PREFILL = 0.05
@@ -117,7 +128,8 @@ class CSpDStats:
         return self.target_head_s + self.drafter_head_s
 
     def acceptance_by_block_position(self) -> List[float]:
-        return [a / d if d else math.nan for a, d in zip(self.accepted_by_block_position, self.drafted_by_block_position)]
+        pairs = zip(self.accepted_by_block_position, self.drafted_by_block_position)
+        return [a / d if d else math.nan for a, d in pairs]
 
     def acceptance_by_step(self) -> List[float]:
         """Per MAR step (NaN for pre-filled steps)."""

@@ -83,8 +83,8 @@ class JacobiWindow:
         fresh = new & ~jacobi
         drawn_slots = jacobi | fresh if self.init == "sample" else jacobi
         offset = COUPLED_OFFSET if self.coupled else step
-        drawn = sample_without_replacement(rows, 1, self.seed, n_done[:, None] + torch.arange(S, device=self.device), offset,
-                                           self.rows)[..., 0]
+        keys = n_done[:, None] + torch.arange(S, device=self.device)
+        drawn = sample_without_replacement(rows, 1, self.seed, keys, offset, self.rows)[..., 0]
         tokens = torch.where(drawn_slots, drawn, self.tokens)
         q = torch.where(drawn_slots[..., None], rows, self.q)
         if self.init == "repeat":

@@ -17,13 +17,22 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Union
 
 import torch
 
 from .. import ops
-from ..ops.reference.noise import (MAX_CHANNELS, PURPOSE_ACCEPT, PURPOSE_EPS, PURPOSE_EPS_0,  # noqa: F401
-                                   PURPOSE_ORDER, PURPOSE_RESIDUAL, PURPOSE_X_T, box_muller, noise_counters)
+from ..ops.reference.noise import (  # noqa: F401
+    MAX_CHANNELS,
+    PURPOSE_ACCEPT,
+    PURPOSE_EPS,
+    PURPOSE_EPS_0,
+    PURPOSE_ORDER,
+    PURPOSE_RESIDUAL,
+    PURPOSE_X_T,
+    box_muller,
+    noise_counters,
+)
 from .ar import check_class_ids, check_image_ids
 from .options import OptionError, check_int, check_mar_settings
 

@@ -209,8 +209,9 @@ def _check_drafting_options(method: str, given, tree: str, cli: bool) -> None:
     if method == "sjd":
         for name in DRAFTER_ONLY:
             if name in given:
+                window = flag('window') if cli else 'window'
                 raise OptionError(name, f"does not apply to {_method('sjd', cli)}: it has no drafter, its drafts "
-                                        f"are the target's own (the window size is {flag('window') if cli else 'window'})")
+                                        f"are the target's own (the window size is {window})")
     else:
         for name in JACOBI_ONLY:
             if name in given:

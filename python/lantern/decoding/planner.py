@@ -1,9 +1,9 @@
 """The speculation planner of ``tree="auto"``: each verify step it picks the draft tree (or none: a plain AR
 step) that maximises the expected tokens per second of the rows still generating.
 
-- ``Plan`` (``plans.py``): one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2 dynamic tree of a
-  node budget, or, for Jacobi self-drafting (method "sjd"), a window of W drafts). The candidate set is small
-  and bucketed (``candidate_plans``, ``jacobi_plans``).
+- ``Plan`` (``plans.py``): one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2
+  dynamic tree of a node budget, or, for Jacobi self-drafting (method "sjd"), a window of W drafts). The
+  candidate set is small and bucketed (``candidate_plans``, ``jacobi_plans``).
 - ``AcceptanceModel``: per-plan, per-depth acceptance estimated online from the run's own verify results
   (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans of one
   draft family share what they learn through a chain-equivalent per-depth rate: a tree of effective width e
@@ -24,8 +24,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .plans import (AR_PLAN, DRAFT_KINDS, DYNAMIC_BUDGETS, DYNAMIC_SHAPES, FAMILIES, JACOBI_PREFIX,  # noqa: F401
-                    JACOBI_WINDOWS, STATIC_SHAPES, Plan, candidate_plans, checked_rates, jacobi_plan, jacobi_plans)
+from .plans import (  # noqa: F401
+    AR_PLAN,
+    DRAFT_KINDS,
+    DYNAMIC_BUDGETS,
+    DYNAMIC_SHAPES,
+    FAMILIES,
+    JACOBI_PREFIX,
+    JACOBI_WINDOWS,
+    STATIC_SHAPES,
+    Plan,
+    candidate_plans,
+    checked_rates,
+    jacobi_plan,
+    jacobi_plans,
+)
 
 COST_PRIOR_STEPS = 2.0  # adapt_costs: a plan's own measured steps against this many predicted ones
 AR_EVIDENCE = 0.25  # adapt_costs: probe AR when its recent steps weigh less than this many steps
@@ -211,7 +224,8 @@ class Planner:
     got busier, or the calibration misjudged drafting), c COST_PRIOR_STEPS predicted steps of p. AR's time is measured
     first (``choose`` probes it), so a calibration taken while the device was loaded differently is
     corrected within a few steps. A plan's first step in the run is not counted: it pays its shapes' first
-    calls (one such step of a tree measured 1.5 times its prediction and turned a run to AR). Without adapt_costs the choice depends on the models alone (reproducible).
+    calls (one such step of a tree measured 1.5 times its prediction and turned a run to AR). Without
+    adapt_costs the choice depends on the models alone (reproducible).
 
     ``margin``: a drafting plan is chosen only when its predicted tokens/s beat AR's by more than this
     fraction. Near break-even (a compute-bound device, a wide batch) the prediction's errors decide, and

@@ -165,7 +165,7 @@ def _generate_auto(run: _Run, costs):
     state, compiled = run.start(planner.plans, True, stats)
     compile_stats = compiled.stats if compiled is not None else None
     step, decision, last, forwards, n_emit, steps = 0, None, None, 0, None, []
-    t_step = time.perf_counter()
+    t_step, compile_before = time.perf_counter(), 0.0
     with ops.checks.values_checked_by_caller():
         while True:
             counts = state.sync(max_depth, last)  # the step's one host read: the step before is done

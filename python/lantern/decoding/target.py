@@ -2,7 +2,8 @@
 
 ``ar.py`` (``generate_ar``), ``state.py`` (``DecodeState``: the prefill and every step's forward, whatever the
 proposer), ``proposers.py`` / ``trees.py`` / ``jacobi.py`` (which only see the logits) and ``compiled.py``
-(``CompiledTarget``) use a target through the members below and nothing else (docs/target.md). lantern's GPT (``models.gpt.Transformer``) has them;
+(``CompiledTarget``) use a target through the members below and nothing else (docs/target.md). lantern's GPT
+(``models.gpt.Transformer``) has them;
 ``lantern.hf.wrap`` gives a Hugging Face model them. The protocol is structural (``typing.Protocol``): a target
 does not inherit from it.
 

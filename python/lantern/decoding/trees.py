@@ -2,7 +2,8 @@
 dynamic (EAGLE-2: top-k per node, a beam of the best nodes per depth, the best N nodes overall).
 
 A tree is (tokens [B, T], parents [B, T], depth [B, T], draft_probs [B, T, V] or None); node 0 is the
-root (the last committed token). Builders allocate on the device of the root's tokens. Each grows depth by depth; at each depth the drafter scores the whole
+root (the last committed token). Builders allocate on the device of the root's tokens. Each grows depth by
+depth; at each depth the drafter scores the whole
 partial tree below the root (``Drafter.expand``), so its cache holds only committed tokens.
 """
 from __future__ import annotations
@@ -113,7 +114,8 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
     for d in range(depth):
         q = process(logits)  # [B, V]
         if sampled:
-            tok = sample_without_replacement(q[:, None], 1, seed, torch.full((B, 1), d, device=dev), offset, rows)[:, 0, 0]
+            keys = torch.full((B, 1), d, device=dev)
+            tok = sample_without_replacement(q[:, None], 1, seed, keys, offset, rows)[:, 0, 0]
         else:
             tok = logits.argmax(-1)
         probs.append(q)

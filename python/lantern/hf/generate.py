@@ -17,8 +17,8 @@ from typing import Optional
 import torch
 from torch._dynamo.exc import TorchDynamoException
 
-from ..decoding.ar import generate_ar
 from ..decoding import SpecConfig, generate_spec
+from ..decoding.ar import generate_ar
 from ..decoding.compiled import AUTO, check_compile
 
 METHODS = ("ar", "sjd", "lantern", "spec")
