@@ -102,5 +102,5 @@ def run_demo(cfg: DemoConfig = DemoConfig(), deltas=(0.0, 0.05, 0.1, 0.2, 0.3), 
         print(f"{mode:>8} {r.get('delta', 0.0):>6.2f} {r.get('lam', 1.0):>5.1f} {r['k']:>5d} {r['tau']:>6.3f} "
               f"{r['tau'] / base:>7.2f}x {r['accept_rate_depth1']:>9.3f} {r['verify_ms']:>7.1f}")
     print("tau = mean tokens per target forward (accepted drafts + 1). delta = 0 is exact speculative "
-          "sampling; larger delta / lambda accept more at a bounded total-variation cost (README).")
+          "sampling; larger delta / lambda accept more at a bounded total-variation cost (docs/usage.md).")
     return rows

@@ -91,7 +91,7 @@ def drafter_and_table(settings, gpt, vq):
         return None, table
     if settings.model != "tiny":
         raise SystemExit("--method spec/lantern with official checkpoints needs a trained drafter; "
-                         "today the CLI ships one for the tiny model only (see README); --method sjd needs none")
+                         "today the CLI ships one for the tiny model only (docs/usage.md); --method sjd needs none")
     from .pretrained import load_tiny_drafter
 
     return load_tiny_drafter(gpt), table
