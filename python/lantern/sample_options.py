@@ -174,6 +174,12 @@ def check_sample_options(args) -> None:
     if args.batch is None:
         args.batch = DEFAULT_BATCH
     check_numbers(args)
+    from .sample_hf import check_hf_options
+
+    if check_hf_options(args, default_of):  # a transformers model directory: its own rules
+        check_numbers(args)  # again: the defaults it filled in
+        check_device(args)
+        return
     if args.method == "cspd" and args.model not in MAR_MODELS:
         raise SystemExit("--method cspd (continuous speculative decoding) is for MAR models: --model tiny-mar or "
                          "mar-checkpoint")

@@ -14,11 +14,20 @@ CLASSES = {"janus": "JanusForConditionalGeneration", "emu3": "Emu3ForConditional
 DEFAULT_CFG = {"janus": 5.0, "emu3": 3.0, "chameleon": 1.0}  # the models' documented guidance (Chameleon: none)
 
 
-def add_hf_options(p: argparse.ArgumentParser) -> None:
+def add_hf_options(p: argparse.ArgumentParser, sample: bool = False) -> None:
+    """--hf, the prompts and --negative-prompt (``sample``: lantern sample's, which cycles its prompts over the
+    image ids and also takes them from a file)."""
     hf = p.add_argument_group("transformers models (--hf DIR; docs/hf.md)")
-    hf.add_argument("--hf", metavar="DIR", help="a local transformers model directory (Janus / Janus-Pro, Emu3, "
-                    "Chameleon / Anole): its weights, processor and tokenizer; replaces --model")
-    hf.add_argument("--prompt", nargs="+", metavar="TEXT", help="--hf: the prompts, one grid row each")
+    hf.add_argument("--hf", metavar="DIR", help="a local transformers model directory (Janus / Janus-Pro, Emu3" +
+                    ("" if sample else ", Chameleon / Anole") + "): its weights, processor and tokenizer; replaces "
+                    "--model")
+    if sample:
+        hf.add_argument("--prompt", nargs="+", metavar="TEXT", help="--hf: the prompts; image i has prompt i mod "
+                        "their number")
+        hf.add_argument("--prompts", metavar="FILE", help="--hf: a UTF-8 text file of prompts, one a line (blank "
+                        "lines skipped), instead of --prompt")
+    else:
+        hf.add_argument("--prompt", nargs="+", metavar="TEXT", help="--hf: the prompts, one grid row each")
     hf.add_argument("--negative-prompt", metavar="TEXT", help="--hf (Emu3, Chameleon): the unconditional prompt of "
                     "guidance (unset: the model's rule)")
 
