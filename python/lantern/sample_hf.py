@@ -177,16 +177,16 @@ class HFSampler:
         with torch.no_grad():
             blank = torch.zeros(1, self.codes_per_image, dtype=torch.int64, device=args.device)
             self.image_shape = tuple(self.target.decode_images(blank).shape[2:])
-        self.settings = dict(model_class=CLASSES[self.kind], image_codes=[self.target.config.height,
-                                                                          self.target.config.width],
-                             **prompts_record(args), negative_prompt=args.negative_prompt,
-                             **{k: v for k, v in self.options.items() if k not in ("method", "seed", "neighbours", "compile")})
+        sampling = {k: v for k, v in self.options.items() if k not in ("method", "seed", "neighbours", "compile")}
+        self.settings = dict(model_class=CLASSES[self.kind], **prompts_record(args),
+                             image_codes=[self.target.config.height, self.target.config.width],
+                             negative_prompt=args.negative_prompt, **sampling)
         if args.method != "ar":  # the neighbours merged at most: the codebook's other codes at most
             self.settings["k"] = min(args.k, self.target.rules.n_codes - 1)
         self.args = args
 
     @torch.no_grad()
-    def sample(self, ids: torch.Tensor, labels, seed: int):
+    def sample(self, ids: torch.Tensor, _labels, seed: int):
         """Images ids [b] (their prompts by id) -> (uint8 pixels [b, H, W, 3], counts)."""
         from . import generate
         from .hf.cli import encode_prompts, negative_prompt_options, to_pixels
@@ -208,7 +208,7 @@ class HFSampler:
         return pixels, counts
 
     @staticmethod
-    def figures(counts: dict, images: int) -> dict:
+    def figures(counts: dict, _images: int) -> dict:
         return dict(tau=counts.get("emitted", 0) / max(counts.get("row_steps", 0), 1), **counts)
 
     def record(self, args) -> dict:

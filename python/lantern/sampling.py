@@ -31,11 +31,23 @@ from typing import Dict, Sequence
 import numpy as np
 import torch
 
-from .decoding.compiled import COMPILE_CHOICES, resolve_compile
-from .sample_folder import (CONFIG_FILE, FORMAT, IMAGES, LOCK_FILE, NPZ_FILE, RUNS, SHARDS,  # noqa: F401 re-exported
-                            SampleFolder, block_count, block_ids, differences, digest)
 from . import sources
 from ._version import __version__
+from .decoding.compiled import COMPILE_CHOICES, resolve_compile
+from .sample_folder import (  # noqa: F401 re-exported
+    CONFIG_FILE,
+    FORMAT,
+    IMAGES,
+    LOCK_FILE,
+    NPZ_FILE,
+    RUNS,
+    SHARDS,
+    SampleFolder,
+    block_count,
+    block_ids,
+    differences,
+    digest,
+)
 from .sample_options import MAR_MODELS, check_sample_options
 from .sample_settings import DEFAULT_BATCH, DEFAULT_THREADS, SampleSettings  # noqa: F401 re-exported
 

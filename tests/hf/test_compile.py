@@ -6,11 +6,11 @@ reason. The fast tests compile with dynamo alone (backend "eager": what traces, 
 itself is the slow test (minutes of C++ compiling on a loaded CPU)."""
 import pytest
 import torch
+from hf_models import emu3_prompt, janus_prompt, model, wrap
 
 import lantern
 import lantern.hf
 from lantern.hf.random_models import random_model
-from hf_models import emu3_prompt, janus_prompt, model, wrap
 
 DYNAMO = {"backend": "eager"}  # dynamo's trace in one graph (fullgraph), without a compiler's time
 CFG_SCALE = 2.0

@@ -4,10 +4,10 @@ equals that branch alone; negative control: the same nodes under a causal mask d
 hold different lengths. Float32 models; references: HF's DynamicCache one token per forward (hf_models.py)."""
 import pytest
 import torch
+from hf_models import emu3_prompt, janus_prompt, left_padded, model, reference_logits, wrap
 
 from lantern import ops
 from lantern.hf.adapter import MASKED
-from hf_models import emu3_prompt, janus_prompt, left_padded, model, reference_logits, wrap
 
 KINDS = ["janus", "chameleon", "emu3"]
 TOL = dict(rtol=1e-4, atol=1e-4)

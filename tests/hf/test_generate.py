@@ -8,13 +8,12 @@ the arguments' errors. Float64 models, so that a near tie cannot flip a greedy t
 shapes."""
 import pytest
 import torch
+from hf_models import EMU3_HW, JANUS_BOI, emu3_prompt, janus_prompt, left_padded, model, parts, wrap
 from transformers import DynamicCache, GenerationConfig
 
 import lantern
 import lantern.hf
 from lantern.decoding import SpecConfig, generate_spec
-from hf_models import (EMU3_HW, JANUS_BOI, emu3_prompt, janus_prompt, left_padded, model, parts,
-                       wrap)
 
 CFG = 2.0
 

@@ -5,11 +5,12 @@ import json
 
 import pytest
 import torch
+from hf_models import model, tiny_processor, wrap
 from PIL import Image
 
 import lantern
 from lantern.cli import main
-from hf_models import model, tiny_processor, wrap
+
 
 def test_generate_hf_writes_the_grid_and_the_codes(janus_dir, tmp_path):
     out, figures = tmp_path / "grid.png", tmp_path / "run.json"

@@ -6,11 +6,11 @@ a verify whose residual distribution is wrong fails by a wide margin."""
 import numpy as np
 import pytest
 import torch
+from hf_models import JANUS_BOI, model, wrap
 
 import lantern
 from lantern import ops
 from lantern.ops.reference import verify as reference_verify
-from hf_models import JANUS_BOI, model, wrap
 from stats.gtest import assert_fails_widely, assert_fits, g_test
 
 CFG = 2.0

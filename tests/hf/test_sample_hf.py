@@ -15,11 +15,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from hf_models import model, tiny_processor, wrap
 
 import lantern
 from lantern.cli import main
 from lantern.hf.cli import to_pixels
-from hf_models import model, tiny_processor, wrap
 
 PROMPTS = ["a red cat", "dog", "blue mat on a mat"]
 BASE = ["--device", "cpu", "--dtype", "float32", "--no-progress"]
@@ -51,8 +51,9 @@ def npz_images(out) -> np.ndarray:
 def test_sample_hf_images_are_generate_hf_codes_decoded(janus_dir, tmp_path):
     figures, out = tmp_path / "run.json", tmp_path / "samples"
     method = ["--method", "sjd", "--tree", "chain", "--window", "4", "--temperature", "1", "--seed", "3"]
-    assert main(["generate", "--hf", str(janus_dir), "--prompt", *PROMPTS, *method, "--per-class", "1", "--device", "cpu",
-                 "--dtype", "float32", "--out", str(tmp_path / "grid.png"), "--json", str(figures)]) == 0
+    assert main(["generate", "--hf", str(janus_dir), "--prompt", *PROMPTS, *method, "--per-class", "1",
+                 "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path / "grid.png"), "--json",
+                 str(figures)]) == 0
     codes = torch.tensor(json.loads(figures.read_text())["codes"])
     assert main(["sample", str(out), "--hf", str(janus_dir), "--prompt", *PROMPTS, "--num-images", "3",
                  "--batch", "3", *method, *BASE]) == 0
