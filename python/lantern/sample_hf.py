@@ -41,9 +41,9 @@ def _flag(dest: str) -> str:
 
 
 def check_hf_options(args, default: Callable[[str], object]) -> bool:
-    """Whether ``args`` (a SampleSettings) is an --hf run; checks it if so (module docstring), filling in
-    --delta and the prompts' texts (``args.prompt_texts``). An --hf option without --hf is refused.
-    SystemExit naming the option."""
+    """Whether ``args`` (a SampleSettings) is an --hf run; checks its model and prompts if so (module
+    docstring; its method: ``sample_options.check_hf_method``), filling in the prompts' texts
+    (``args.prompt_texts``). An --hf option without --hf is refused. SystemExit naming the option."""
     if args.hf is None:
         given = [dest for dest in HF_ONLY if getattr(args, dest) is not None]
         if given:
@@ -56,7 +56,6 @@ def check_hf_options(args, default: Callable[[str], object]) -> bool:
         if getattr(args, dest, None) is not None:
             why = "it takes --prompt or --prompts" if dest == "classes" else "it is for lantern's own models"
             raise SystemExit(f"{_flag(dest)} does not apply to --hf (a transformers model; {why})")
-    _check_method(args, default)
     if not os.path.isdir(args.hf):
         raise SystemExit(f"--hf {args.hf}: not a directory (a locally downloaded transformers model)")
     from .hf.cli import model_kind
@@ -70,34 +69,6 @@ def check_hf_options(args, default: Callable[[str], object]) -> bool:
                          "its own rule")
     args.prompt_texts = prompt_texts(args)
     return True
-
-
-def _check_method(args, default) -> None:
-    """The method and its options (``generate --hf``'s: Jacobi drafts from the model itself, verified as a
-    chain); fills in --delta."""
-    from .decoding import SpecConfig
-    from .decoding.options import OptionError, check_applicable, cli_message
-    from .sample_options import check_method_numbers, given_options
-
-    if args.method == "cspd":
-        raise SystemExit("--method cspd is for MAR models; --hf takes ar, sjd, spec or lantern")
-    if args.method != "ar" and args.tree != "chain":
-        raise SystemExit(f"--hf drafts from the model itself (Jacobi windows), verified as a chain: --tree must be "
-                         f"chain, got {args.tree}")
-    given = given_options(args, default)
-    for name in ("draft", "depth", "n_nodes"):
-        if name in given:
-            flag = "--nodes" if name == "n_nodes" else _flag(name)
-            raise SystemExit(f"{flag} does not apply to --hf: there is no drafter, the drafts are the model's own "
-                             f"(their number is --window)")
-    try:
-        check_method_numbers(args)
-        check_applicable("gpt", "ar" if args.method == "ar" else "sjd", given, tree=args.tree,
-                         relaxed=sources.relaxed(args), cli=True)
-    except OptionError as e:
-        raise SystemExit(cli_message(e)) from e
-    if args.delta is None:
-        args.delta = SpecConfig.delta if args.method == "lantern" else 0.0
 
 
 def prompt_texts(args) -> List[str]:
@@ -188,7 +159,7 @@ class HFSampler:
     @torch.no_grad()
     def sample(self, ids: torch.Tensor, _labels, seed: int):
         """Images ids [b] (their prompts by id) -> (uint8 pixels [b, H, W, 3], counts)."""
-        from . import generate
+        from .decoding import generate
         from .hf.cli import encode_prompts, negative_prompt_options, to_pixels
 
         device = self.args.device

@@ -122,7 +122,7 @@ def encode_prompts(kind: str, processor, texts, device):
 
 
 def run_generate_hf(args: argparse.Namespace) -> int:
-    from .. import generate
+    from ..decoding import generate
     from ..images import save_grid
     from ..outputs import check_output_path, write_json
 
