@@ -109,7 +109,10 @@ def describe(difference: Difference, now: dict) -> str:
     key, saved, new = difference
     if key.startswith("sha256.") and new is not MISSING and saved is not MISSING:
         name = key.split(".", 1)[1]
-        path = now.get(name) or f"the shipped {now.get('model')} model's {name} weights"
+        if "hf" in now:  # a transformers model directory: the digests are of its files
+            path = os.path.join(now["hf"], name)
+        else:
+            path = now.get(name) or f"the shipped {now.get('model')} model's {name} weights"
         return (f"the contents of {path} ({name}) are not those the folder's run used (sha256 {str(saved)[:12]}... "
                 f"then, {str(new)[:12]}... now)")
     return f"{key} (the folder's run: {saved!r}, now: {new!r})"

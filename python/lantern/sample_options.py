@@ -174,6 +174,13 @@ def check_sample_options(args) -> None:
     if args.batch is None:
         args.batch = DEFAULT_BATCH
     check_numbers(args)
+    from .sample_hf import check_hf_options  # (sample_hf imports nothing of this module)
+
+    if check_hf_options(args, default_of):  # a transformers model directory: its own rules
+        check_hf_method(args, default_of)
+        check_numbers(args)  # again: the defaults it filled in
+        check_device(args)
+        return
     if args.method == "cspd" and args.model not in MAR_MODELS:
         raise SystemExit("--method cspd (continuous speculative decoding) is for MAR models: --model tiny-mar or "
                          "mar-checkpoint")
@@ -270,3 +277,28 @@ def check_jacobi_options(args) -> None:
                              f"{args.tree}")
     if args.delta is None:
         args.delta = 0.0 if args.method == "sjd" else SpecConfig.delta
+
+
+def check_hf_method(args, default: Callable[[str], object]) -> None:
+    """An --hf run's method and its options (``generate --hf``'s: Jacobi drafts from the model itself, verified
+    as a chain; ``sample_hf``); fills in --delta."""
+    from .decoding.options import OptionError, check_applicable, cli_message
+
+    if args.method == "cspd":
+        raise SystemExit("--method cspd is for MAR models; --hf takes ar, sjd, spec or lantern")
+    if args.method != "ar" and args.tree != "chain":
+        raise SystemExit(f"--hf drafts from the model itself (Jacobi windows), verified as a chain: --tree must be "
+                         f"chain, got {args.tree}")
+    given = given_options(args, default)
+    for dest, name in (("draft", "draft"), ("depth", "depth"), ("nodes", "n_nodes")):
+        if name in given:
+            raise SystemExit(f"{flag(dest)} does not apply to --hf: there is no drafter, the drafts are the "
+                             f"model's own (their number is --window)")
+    try:
+        check_method_numbers(args)
+        check_applicable("gpt", "ar" if args.method == "ar" else "sjd", given, tree=args.tree,
+                         relaxed=sources.relaxed(args), cli=True)
+    except OptionError as e:
+        raise SystemExit(cli_message(e)) from e
+    if args.delta is None:
+        args.delta = SpecConfig.delta if args.method == "lantern" else 0.0

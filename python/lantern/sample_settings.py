@@ -64,6 +64,11 @@ class SampleSettings:
     num_iter: Optional[int] = None
     cfg_schedule: Optional[str] = _choice(None, CFG_SCHEDULES)
     num_sampling_steps: Optional[str] = None
+    # a transformers model directory instead of --model, and its prompts (sample_hf)
+    hf: Optional[str] = None
+    prompt: Optional[List[str]] = None
+    prompts: Optional[str] = None  # a text file, one prompt per line
+    negative_prompt: Optional[str] = None
     # sampling
     classes: Optional[List[int]] = None
     seed: int = 0

@@ -189,10 +189,14 @@ def numerics_of(args, sampler) -> dict:
     from ._backend import resolved_backends
 
     device = torch.device(args.device)
-    model = getattr(sampler, "gpt", None) or getattr(sampler, "mar")
+    model = getattr(sampler, "gpt", None) or getattr(sampler, "mar", None) or sampler.model
     record = dict(dtype=str(next(model.parameters()).dtype).replace("torch.", ""), fused=resolved_backends(device),
                   compile=_compile_record(args.compile, device), device=device.type, torch=torch.__version__,
                   lantern=__version__)
+    if getattr(args, "hf", None) is not None:  # the model's code is transformers'
+        import transformers
+
+        record["transformers"] = transformers.__version__
     if device.type == "cuda":
         record.update(processor=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     else:
@@ -370,6 +374,8 @@ def settings_of(args, sampler) -> dict:
     method, ids, seed and every sampling option after the model's defaults are filled in; and the batch, which
     decides the folder's block layout. What the arithmetic depends on (dtype, --fused, --compile, device,
     processor, --threads) is ``numerics_of``'s, recorded beside them. Reads every weight file once (rank 0)."""
+    if args.hf is not None:  # a transformers model directory (sample_hf)
+        return dict(format=FORMAT, **sampler.record(args))
     model = {"model": args.model}
     if args.model not in ("tiny", "tiny-mar"):
         model.update({key: getattr(args, key) for key in ("gpt", "gpt_name", "vq", "image_size", "mar", "mar_name",
@@ -426,8 +432,13 @@ def _open_folder(folder: SampleFolder) -> None:
 
 
 def _run_locked(args, ranks: Ranks, folder: SampleFolder) -> None:
-    sampler = MARSampler(args) if args.model in MAR_MODELS else DiscreteSampler(args)
-    _check_classes(args, sampler.num_classes)
+    if args.hf is not None:
+        from .sample_hf import HFSampler
+
+        sampler = HFSampler(args)
+    else:
+        sampler = MARSampler(args) if args.model in MAR_MODELS else DiscreteSampler(args)
+        _check_classes(args, sampler.num_classes)
     numerics = _all_gather(numerics_of(args, sampler), ranks)
     settings = dict(settings_of(args, sampler), numerics=numerics[0]) if ranks.main else None
 
@@ -458,7 +469,8 @@ def _generate_share(args, ranks: Ranks, folder: SampleFolder, sampler, images_be
         if done[k]:
             continue
         ids = block_ids(j, n, batch)
-        pixels, block_counts = sampler.sample(ids, labels_of(ids, args.classes), args.seed)
+        labels = None if args.classes is None else labels_of(ids, args.classes)  # --hf: prompts by id instead
+        pixels, block_counts = sampler.sample(ids, labels, args.seed)
         folder.write_block(j, ids, pixels)
         images, blocks = images + len(ids), blocks + 1
         for key, value in block_counts.items():

@@ -23,3 +23,13 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def janus_dir(tmp_path_factory):
+    """A model directory (weights, configs, tokenizer, processor) of the tiny random Janus, built in-process."""
+    from hf_models import save_janus_dir
+
+    directory = tmp_path_factory.mktemp("janus")
+    save_janus_dir(directory)
+    return directory

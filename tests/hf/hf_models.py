@@ -75,3 +75,33 @@ def reference_logits(m, ids, codes):
         out = decoder(inputs_embeds=embed_codes(c.view(1, 1)), cache=cache, use_cache=True)
         rows.append(head(out.last_hidden_state[:, -1]))
     return torch.cat(rows).double()
+
+
+WORDS = ["a", "red", "cat", "on", "blue", "mat", "dog"]
+JANUS_BOI_TOKEN = "<begin_of_image>"
+
+
+def tiny_processor():
+    """A Janus processor over a word-level tokenizer of WORDS, built in-process (the tiny Janus's vocabulary)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import JanusImageProcessor, JanusProcessor, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<end_of_image>": 61, JANUS_BOI_TOKEN: JANUS_BOI,
+             "<image_placeholder>": 63, **{w: 3 + i for i, w in enumerate(WORDS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   extra_special_tokens={"image_token": "<image_placeholder>",
+                                                         "boi_token": JANUS_BOI_TOKEN, "eoi_token": "<end_of_image>"})
+    return JanusProcessor(image_processor=JanusImageProcessor(), tokenizer=fast, num_image_tokens=16)
+
+
+def save_janus_dir(directory) -> None:
+    """The tiny float32 Janus, its generation config and tiny_processor() saved as a model directory."""
+    from transformers import GenerationConfig
+
+    m = model("janus", torch.float32)
+    m.generation_config = GenerationConfig(bos_token_id=1, pad_token_id=0,
+                                           generation_kwargs={"boi_token_id": JANUS_BOI})
+    m.save_pretrained(directory)
+    tiny_processor().save_pretrained(directory)

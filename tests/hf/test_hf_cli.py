@@ -6,38 +6,10 @@ import json
 import pytest
 import torch
 from PIL import Image
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GenerationConfig, JanusImageProcessor, JanusProcessor, PreTrainedTokenizerFast
 
 import lantern
-from hf_models import JANUS_BOI, model, wrap
+from hf_models import model, tiny_processor, wrap
 from lantern.cli import main
-
-WORDS = ["a", "red", "cat", "on", "blue", "mat", "dog"]
-JANUS_BOI_TOKEN = "<begin_of_image>"
-
-
-def tiny_processor():
-    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<end_of_image>": 61, JANUS_BOI_TOKEN: JANUS_BOI,
-             "<image_placeholder>": 63, **{w: 3 + i for i, w in enumerate(WORDS)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   extra_special_tokens={"image_token": "<image_placeholder>",
-                                                         "boi_token": JANUS_BOI_TOKEN, "eoi_token": "<end_of_image>"})
-    return JanusProcessor(image_processor=JanusImageProcessor(), tokenizer=fast, num_image_tokens=16)
-
-
-
-@pytest.fixture(scope="module")
-def janus_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("janus")
-    m = model("janus", torch.float32)
-    m.generation_config = GenerationConfig(bos_token_id=1, pad_token_id=0,
-                                           generation_kwargs={"boi_token_id": JANUS_BOI})
-    m.save_pretrained(directory)
-    tiny_processor().save_pretrained(directory)
-    return directory
 
 
 def test_generate_hf_writes_the_grid_and_the_codes(janus_dir, tmp_path):

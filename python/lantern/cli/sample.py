@@ -29,7 +29,8 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
                     "samples.npz (arr_0 uint8 [N, H, W, 3] in id order, the ADM evaluation suite's input), "
                     "config.json and runs/run-<k>.json (tau, forwards, wall time per rank). Launch with "
                     "`torchrun --nproc_per_node N -m lantern sample ...` for N processes (nccl on GPUs, gloo "
-                    "on CPUs) or plainly for one. Image i has class classes[i mod len(classes)]. Reproducibility: "
+                    "on CPUs) or plainly for one. Image i has class classes[i mod len(classes)] (--hf DIR: prompt "
+                    "prompts[i mod len(prompts)]). Reproducibility: "
                     "the same settings and numerics (dtype, --fused, --compile, device type and processor, torch "
                     "version, --threads; all recorded in config.json) give bit-identical images whatever the "
                     "number of processes, the order of the blocks and restarts; --resume and ranks with other "
@@ -43,6 +44,9 @@ def add_sample_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--num-images", type=int, required=True, help="images to generate (ids 0..N-1)")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR (its settings must match)")
     add_model_options(p)
+    from ..hf.cli import add_hf_options
+
+    add_hf_options(p, sample=True)
     add_sampling_options(p, classes_help="classes cycled over the image ids (default: every class of the model)")
     run = p.add_argument_group("run")
     add_method_options(p, run)
