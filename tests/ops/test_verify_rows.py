@@ -112,13 +112,12 @@ def test_the_extension_op_checks_its_rows_argument():
     """torch.ops.lantern.verify called directly (no Python checks): rows of the wrong shape or dtype raise."""
     if backends.why_unavailable("cpu") is not None:
         pytest.skip("lantern._C is not built")
-    from lantern.ops import library
+    from lantern.ops import verify_op
 
     args, kwargs = keyed_case(25, 3)
-    base = library.verify_args(*args, kwargs.get("uncond_logits"), kwargs.get("cfg_scale", 1.0), 1.0,
-                               kwargs.get("top_k", 0), kwargs.get("top_p", 1.0), kwargs.get("draft_probs"),
-                               kwargs.get("k", 0), kwargs.get("delta", 0.0), kwargs.get("lam"),
-                               kwargs.get("budget", "candidate"), 5, 0, torch.float32)
+    kwargs = {**kwargs, "temperature": 1.0, "seed": 5, "offset": 0}
+    kwargs.pop("rows", None)
+    base = verify_op.to_schema("triton", *args, **kwargs)
     for bad in (torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int32)):
         with pytest.raises((ValueError, TypeError), match="rows"):
             torch.ops.lantern.verify(*base[:-1], bad)
