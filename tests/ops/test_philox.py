@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import backends
+from op_cases import PHILOX_KNOWN_ANSWERS
 from lantern.ops.reference import philox as ref
 
 PHILOX = backends.params(["reference", "cpu", "cuda"])
@@ -15,17 +16,9 @@ def philox(backend):
     """The backend's implementation (for cpu and cuda, the extension's wrapper, called directly)."""
     if backend == "reference":
         return ref.philox_uniform
-    from lantern.ops import fused_cpu
-    return fused_cpu.philox_uniform
+    return backends.kernel("cpu", "philox_uniform")
 
-# SPEC §5: seed, (c0, c1, c2, c3) -> word 0, u, E
-KNOWN = [
-    (0, (0, 0, 0, 0), 0x6627E8D5, 0.7980929017066956, 1.5999475717544556),
-    (123456789012345, (0, 3, 5, 11), 0x9DFD5F02, 0.7657051682472229, 1.4511749744415283),
-    (42, (0x80000000, 1, 0, 0), 0x5E221A30, 0.7354156374931335, 1.3295950889587402),
-    (42, (16383, 58, 7, 1000), 0xB60EA391, 0.5776782035827637, 0.8619877099990845),
-    (2**64 - 1, (0xFFFFFFFF,) * 4, 0x408F276D, 0.5043686628341675, 0.7019228935241699),
-]
+KNOWN = PHILOX_KNOWN_ANSWERS  # SPEC §5: seed, (c0, c1, c2, c3) -> word 0, u, E
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
