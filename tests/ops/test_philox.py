@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import backends
+from lantern import ops
 from op_cases import PHILOX_KNOWN_ANSWERS
 from lantern.ops.reference import philox as ref
 
@@ -94,3 +95,34 @@ def test_cuda_graph_replay_with_new_seed_and_offset(backend):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(_bits(out.cpu()), _bits(ref.philox_uniform(s, c0.cpu(), 1, 2, o)))
+
+
+# ---- bad input (SPEC §9) ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,exc,fragment", [
+    ((-1, 0, 0, 0, 0), ValueError, "seed"),
+    ((0, 2**32, 0, 0, 0), ValueError, "c0"),
+    ((0, 0, torch.tensor([-1]), 0, 0), ValueError, "c1"),
+    ((0, 0, 0, torch.tensor([0.5]), 0), TypeError, "c2"),
+    ((0, 0, 0, 0, "1"), ValueError, "c3"),
+])
+def test_rejects_bad_input(args, exc, fragment):
+    with pytest.raises(exc, match=fragment):
+        ops.philox_uniform(*args)
+
+
+ALL_BACKENDS = backends.params(backends.NAMES)  # reference, cpu, cuda, triton (skipped, with the reason, if unusable)
+
+
+@pytest.mark.parametrize("backend", backends.params(["reference", "cpu", "cuda"]))  # triton has no philox op
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_counters_that_do_not_broadcast_raise(backend):
+    """Counters of shapes [3] and [0] are refused by the checks with a ValueError naming the counters (not a
+    RuntimeError from inside torch.broadcast_tensors); shapes that broadcast run."""
+    import lantern
+    from lantern import ops
+
+    with lantern.fused(backend):
+        with pytest.raises(ValueError, match="c0, c1, c2, c3 must broadcast together"):
+            ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(0, dtype=torch.int64), 0, 0)
+        assert ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(2, 1, dtype=torch.int64), 0, 0).shape == (2, 3)

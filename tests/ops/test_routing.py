@@ -110,3 +110,13 @@ def test_a_kernel_module_that_fails_to_import_disables_only_the_triton_backend(m
     codebook = random_codebook(30, 3, seed=12)
     with lantern.fused("auto"):
         assert torch.equal(lantern.ops.latent_neighbours(codebook, 4), reference_neighbours(codebook, 4, False))
+
+
+def test_unknown_backend_is_named(monkeypatch):
+    with pytest.raises(ValueError, match="'tpu'"):
+        lantern.enable_fused("tpu")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(RuntimeError, match="triton.*TRITON_INTERPRET"):
+            lantern.enable_fused("triton")
+    assert lantern.active_backend() == "reference"
