@@ -1,4 +1,4 @@
-"""The public ops' argument checks (python/lantern/ops/checks*.py, run before every backend) against the
+"""The public ops' argument checks (each op module's ``check``, run before every backend) against the
 kernels they guard, at LlamaGen shapes: check_verify with the neighbour table already validated (what
 decoding sees: the same table every call) and with it scanned again (first call / after an edit), and
 check_tree_attention. Also unpack_bits (used by check_tree_attention) as now (index_select) against the
@@ -9,7 +9,7 @@ import torch
 
 import lantern
 from lantern.ops import checks
-from lantern.ops.checks_verify import _NEIGHBOUR_TABLES
+from lantern.ops.verify_op import _NEIGHBOUR_TABLES
 
 from .common import Report, interleaved_medians
 from .bench_tree_attention import inputs as attention_inputs

@@ -83,7 +83,7 @@ def test_triton_loop_gives_the_reference_tokens(models, setting, fused_calls, mo
     assert torch.equal(got, want), f"{setting}: triton {got.tolist()} vs reference {want.tolist()}"
 
 
-def test_the_ops_that_ran_fused_are_the_ones_lantern_kernels_implement(fused_calls):
+def test_the_ops_that_ran_fused_are_the_ones_with_triton_kernels(fused_calls):
     """Runs after the loop tests (same module, file order). The loop calls tree_attention, compact_kv and
     verify every step; each must have run through its Triton kernel iff lantern/kernels/<op>.py exists."""
     if not fused_calls:

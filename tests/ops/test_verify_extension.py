@@ -1,6 +1,6 @@
 """lantern._C's verify op (torch.ops.lantern.verify: csrc/cpu/verify.cpp, csrc/cuda) called directly, on
 the backends that use it (cpu, cuda): the kernel's own argument checks, opcheck, torch.compile, and the CPU
-kernel's vocabulary split over threads. Agreement with the reference is tests/ops/test_verify_agreement.py."""
+kernel's vocabulary split over threads. Agreement with the reference is tests/ops/test_verify.py."""
 from __future__ import annotations
 
 import numpy as np

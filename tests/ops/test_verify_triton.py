@@ -1,6 +1,6 @@
 """The Triton verify's own pieces (lantern/kernels/verify.py), which only this backend has: its Philox
 against SPEC §5's known answers and the reference, and the GPU's radix digit width. Agreement with the
-reference on every backend is tests/ops/test_verify_agreement.py.
+reference on every backend is tests/ops/test_verify.py.
 
 Without a GPU the kernels run under Triton's interpreter on CPU tensors (tests/conftest.py sets
 TRITON_INTERPRET=1)."""
