@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 import lantern
-from lantern.ops import checks
 from lantern.ops.verify_op import _NEIGHBOUR_TABLES
 
 from .common import Report, interleaved_medians
