@@ -257,7 +257,9 @@ def random_parents(rng, B: int, T: int, pad_prob: float) -> torch.Tensor:
     """int64 [B, T]: B trees of ``random_tree`` (rng: a numpy Generator, or a random.Random that seeds one)."""
     if isinstance(rng, random.Random):
         rng = np.random.default_rng(rng.getrandbits(64))
-    return torch.as_tensor(np.stack([random_tree(rng, T, pad_prob) for _ in range(B)]).reshape(B, T))
+    if B == 0:  # as torch.tensor([]) of no rows: shape [0] (the fuzzer's malformed empty batch)
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.as_tensor(np.stack([random_tree(rng, T, pad_prob) for _ in range(B)]))
 
 
 def random_expansion(rng: random.Random, B: int, M: int, V: int = 1000):
