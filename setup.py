@@ -126,12 +126,11 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
         super().run()
 
 
-packages = find_packages("python", include=["lantern", "lantern.*"])
-packages += find_packages(".", include=["lantern_kernels", "lantern_kernels.*"])
+packages = find_packages("python", include=["lantern", "lantern.*"])  # lantern.kernels: the Triton kernels
 
 setup(
     packages=packages,
-    package_dir={"lantern": "python/lantern", "lantern_kernels": "lantern_kernels"},
+    package_dir={"lantern": "python/lantern"},
     # the tiny default models' weights ship inside the package (a non-editable install needs them too)
     package_data={"lantern": ["weights/tiny/*.safetensors", "weights/tiny/*.json", "weights/tiny_mar/*.safetensors",
                               "weights/tiny_mar/*.json"]},

@@ -1,4 +1,4 @@
-"""The public ops' argument checks (python/lantern/ops/checks*.py, run before every backend) against the
+"""The public ops' argument checks (each op module's ``check``, run before every backend) against the
 kernels they guard, at LlamaGen shapes: check_verify with the neighbour table already validated (what
 decoding sees: the same table every call) and with it scanned again (first call / after an edit), and
 check_tree_attention. Also unpack_bits (used by check_tree_attention) as now (index_select) against the
@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 import lantern
-from lantern.ops import checks
-from lantern.ops.checks_verify import _NEIGHBOUR_TABLES
+from lantern.ops.verify_op import _NEIGHBOUR_TABLES
 
 from .bench_tree_attention import inputs as attention_inputs
 from .bench_verify import SETTINGS
@@ -33,7 +32,7 @@ def run(report: Report, quick: bool = False) -> None:
     if not lantern.fused_ops("cpu").get("verify"):
         print("checks: the cpu backend is unavailable; skipped", flush=True)
         return
-    from lantern.ops import fused_cpu
+    from lantern.ops import tree_attention_op, verify_op
     from lantern.ops.reference.tree import unpack_bits
 
     logits, uncond, tokens, parents, neighbours = verify_inputs(1)
@@ -41,13 +40,13 @@ def run(report: Report, quick: bool = False) -> None:
 
     def scanned():
         _NEIGHBOUR_TABLES.entries.clear()
-        checks.check_verify(*args)
+        verify_op.check(*args)
 
     case = "verify B=1 T=59 V=16384 k=1000"
     times = interleaved_medians({
-        "check_verify (table cached)": lambda: checks.check_verify(*args),
+        "check_verify (table cached)": lambda: verify_op.check(*args),
         "check_verify (table scanned)": scanned,
-        "cpu kernel": lambda: fused_cpu.verify(logits, tokens, parents, neighbours, uncond_logits=uncond,
+        "cpu kernel": lambda: verify_op.OP.caller("cpu")(logits, tokens, parents, neighbours, uncond_logits=uncond,
                                                **SETTINGS),
     }, repeats=5 if quick else 15)
     for name, t in times.items():
@@ -62,8 +61,8 @@ def run(report: Report, quick: bool = False) -> None:
         times = interleaved_medians({
             "unpack_bits [..., j // 32]": lambda: unpack_bits_advanced_indexing(mask, 32 * mask.shape[-1]),
             "unpack_bits index_select": lambda: unpack_bits(mask, 32 * mask.shape[-1]),
-            "check_tree_attention": lambda: checks.check_tree_attention(q, k_cache, v_cache, cache_len, mask),
-            "cpu kernel": lambda: fused_cpu.tree_attention(q, k_cache, v_cache, cache_len, mask),
+            "check_tree_attention": lambda: tree_attention_op.check(q, k_cache, v_cache, cache_len, mask),
+            "cpu kernel": lambda: tree_attention_op.OP.caller("cpu")(q, k_cache, v_cache, cache_len, mask),
         }, repeats=5 if quick else 15)
         assert torch.equal(unpack_bits(mask, T), unpack_bits_advanced_indexing(mask, T))
         for name, t in times.items():

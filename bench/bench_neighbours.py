@@ -59,9 +59,9 @@ def run_cpu(report: Report, quick: bool = False) -> None:
     out_bytes = V * K * 4
     impls = {"cdist+topk": lambda: cdist_topk(codebook, K)}
     if lantern.fused_ops("cpu").get("latent_neighbours"):
-        from lantern.ops import fused_cpu
+        from lantern.ops import latent_neighbours_op
 
-        impls["cpu"] = lambda: fused_cpu.latent_neighbours(codebook, K, False)
+        impls["cpu"] = lambda: latent_neighbours_op.OP.caller("cpu")(codebook, K, False)
     impls["reference"] = lambda: ops.latent_neighbours(codebook, K, normalize=False)
     # cdist+topk and the kernel in alternation (the machine's load changes during a run); the reference once
     times = interleaved_medians({n: f for n, f in impls.items() if n != "reference"}, repeats=3)

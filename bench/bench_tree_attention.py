@@ -36,7 +36,9 @@ def run_triton(report: Report, quick: bool = False) -> None:
     SDPA with the dense mask and the reference on the same GPU; max |triton - sdpa|."""
     if triton_rows_skipped("tree_attention"):
         return
-    from lantern_kernels.tree_attention import tree_attention as triton_kernel
+    from lantern.ops import tree_attention_op
+
+    triton_kernel = tree_attention_op.OP.caller("triton")
 
     B, H, T, Dh = 2, 16, 64, 64
     for L in ((256,) if quick else (256, 1024)):

@@ -56,13 +56,15 @@ def run_triton(report: Report, quick: bool = False) -> None:
     logits + uncond (the memory bound); CUDA events, the first calls autotune."""
     if triton_rows_skipped("verify"):
         return
-    import lantern_kernels.verify as triton_verify
+    from lantern.ops import verify_op
+
+    triton_verify = verify_op.OP.caller("triton")
 
     for B in ((1,) if quick else (1, 8, 64)):
         logits, uncond, tokens, parents, neighbours = (t.cuda() for t in inputs(B))
         case = f"B={B} T=59 V=16384 k=1000 cuda"
         args = (logits, tokens, parents, neighbours)
-        kernel = lambda: triton_verify.verify(*args, uncond_logits=uncond, **SETTINGS)
+        kernel = lambda: triton_verify(*args, uncond_logits=uncond, **SETTINGS)
 
         def public():
             return ops.verify(*args, uncond_logits=uncond, **SETTINGS)
@@ -105,11 +107,11 @@ def run_cpu(report: Report, quick: bool = False) -> None:
         if not lantern.fused_ops("cpu").get("verify"):
             report.add("verify", case, "stream logits+uncond", median_seconds(stream, repeats=9))
             continue
-        from lantern.ops import fused_cpu
+        from lantern.ops import verify_op
 
         with lantern.fused("cpu"):
             got = public()
-            kernel = lambda: fused_cpu.verify(logits, tokens, parents, neighbours, uncond_logits=uncond, **SETTINGS)
+            kernel = lambda: verify_op.OP.caller("cpu")(logits, tokens, parents, neighbours, uncond_logits=uncond, **SETTINGS)
             times = interleaved_medians({"stream logits+uncond": stream, "cpu (public op)": public,
                                          "cpu kernel": kernel}, repeats=9)
         for name, t in times.items():

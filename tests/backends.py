@@ -18,6 +18,14 @@ NAMES = ("reference", "cpu", "cuda", "triton")
 FUSED = ("cpu", "cuda", "triton")
 
 
+def kernel(backend: str, op: str):
+    """The function with ``op``'s public signature that runs ``backend``'s kernel directly (no checks, no
+    dispatch): ``lantern.ops.library.OPS[op].caller(backend)``."""
+    from lantern.ops.library import OPS
+
+    return OPS[op].caller(backend)
+
+
 def why_unavailable(name: str) -> Optional[str]:
     """None when ``lantern.fused(name)`` can run here, else the backend's own reason."""
     import lantern

@@ -10,7 +10,7 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 # Without a GPU the Triton kernels run under Triton's interpreter on CPU tensors. triton reads this when a
-# kernel is defined, so it must be set before lantern_kernels is imported.
+# kernel is defined, so it must be set before lantern.kernels is imported.
 if "TRITON_INTERPRET" not in os.environ:
     import torch
 

@@ -4,8 +4,10 @@ backend with the reference.
 verify: ``random_case`` (random inputs covering every setting family), ``PINNED`` / ``PINNED_SMALL``
 (fixed cases that must agree exactly; the small list for the interpreter), ``llamagen_case`` (LlamaGen's
 shapes), ``agreement`` / ``rows_agree`` (the SPEC §5 agreement count), ``verify_pair``.
-tree_attention: ``attention_inputs``, ``attention_case``, ``random_parents``. compact_kv: ``compact_case``.
+trees (every test's): ``random_tree`` (one parent array), ``random_parents`` (a batch of them).
+tree_attention: ``attention_inputs``, ``attention_case``. compact_kv: ``compact_case``.
 latent_neighbours: ``random_codebook``, ``integer_codebook``.
+philox_uniform: ``PHILOX_KNOWN_ANSWERS`` (SPEC §5's table, the one copy every test reads).
 """
 from __future__ import annotations
 
@@ -21,6 +23,16 @@ from lantern.ops.reference.verify import VerifyResult
 AGREEMENT = 0.999  # SPEC §5: rows that agree exactly with the reference
 FLOAT64_COMPUTE = ("reference", "cpu", "cuda")  # backends that compute float64 logits in float64
 FLOAT64_EXACT = ("reference", "cpu")  # ... with the reference's own float64 sums: equal on every row
+
+
+# SPEC §5: seed, (c0, c1, c2, c3) -> (word 0, u, E = -log1p(-u))
+PHILOX_KNOWN_ANSWERS = (
+    (0, (0, 0, 0, 0), 0x6627E8D5, 0.7980929017066956, 1.5999475717544556),
+    (123456789012345, (0, 3, 5, 11), 0x9DFD5F02, 0.7657051682472229, 1.4511749744415283),
+    (42, (0x80000000, 1, 0, 0), 0x5E221A30, 0.7354156374931335, 1.3295950889587402),
+    (42, (16383, 58, 7, 1000), 0xB60EA391, 0.5776782035827637, 0.8619877099990845),
+    (2**64 - 1, (0xFFFFFFFF,) * 4, 0x408F276D, 0.5043686628341675, 0.7019228935241699),
+)
 
 
 def to_device(value, device):
@@ -46,13 +58,18 @@ def random_neighbours(rng, V, K):
     return torch.as_tensor((np.arange(V)[:, None] + offsets) % V, dtype=torch.int32)
 
 
-def random_tree(rng, T, pad_rate):
+def random_tree(rng: np.random.Generator, T: int, pad_rate: float = 0.2, chain_rate: float = 0.0) -> np.ndarray:
+    """int64 [T], a valid parent array (the one tree generator of the tests): parents[0] = -1; node i is
+    padding (-1) with probability pad_rate, else the child of the last real node with probability chain_rate
+    (deep paths), else of a uniformly chosen earlier real node."""
     parents = np.full(T, -1, dtype=np.int64)
     real = [0]
     for i in range(1, T):
-        if rng.random() >= pad_rate:
-            parents[i] = real[int(rng.integers(len(real)))] if rng.random() < 0.5 else real[-1]
-            real.append(i)
+        if rng.random() < pad_rate:
+            continue
+        chain = chain_rate > 0 and not rng.random() < 1 - chain_rate
+        parents[i] = real[-1] if chain else real[int(rng.integers(len(real)))]
+        real.append(i)
     return parents
 
 
@@ -71,7 +88,7 @@ def random_case(seed: int, V=None, T=None, B=None, dtype=torch.float32):
         logits = np.round(logits * 2) / 2
     guidance = rng.random() < 0.5
     uncond = rng.normal(0, scale, (B, T, V)) if guidance else None
-    parents = np.stack([random_tree(rng, T, float(rng.choice([0.0, 0.2]))) for _ in range(B)])
+    parents = np.stack([random_tree(rng, T, float(rng.choice([0.0, 0.2])), chain_rate=0.5) for _ in range(B)])
     sampled = rng.random() < 0.35
     draft = None
     if sampled:
@@ -236,19 +253,13 @@ def llamagen_case(B: int, settings: dict):
 
 # ---- trees, tree_attention ---------------------------------------------------------------------------
 
-def random_parents(rng: random.Random, B: int, T: int, pad_prob: float) -> torch.Tensor:
-    """Valid trees: each node is padding (-1) with probability pad_prob, else a child of an earlier real node."""
-    rows = []
-    for _ in range(B):
-        row, real = [-1], [0]
-        for i in range(1, T):
-            if rng.random() < pad_prob:
-                row.append(-1)
-            else:
-                row.append(rng.choice(real))
-                real.append(i)
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.int64)
+def random_parents(rng, B: int, T: int, pad_prob: float) -> torch.Tensor:
+    """int64 [B, T]: B trees of ``random_tree`` (rng: a numpy Generator, or a random.Random that seeds one)."""
+    if isinstance(rng, random.Random):
+        rng = np.random.default_rng(rng.getrandbits(64))
+    if B == 0:  # as torch.tensor([]) of no rows: shape [0] (the fuzzer's malformed empty batch)
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.as_tensor(np.stack([random_tree(rng, T, pad_prob) for _ in range(B)]))
 
 
 def random_expansion(rng: random.Random, B: int, M: int, V: int = 1000):

@@ -1,5 +1,5 @@
 """The ops as torch.library operators (lantern.ops.library, docs/dispatch.md) and a decoding step under
-torch.compile(fullgraph=True): the schemas equal lantern._C's, every namespace's registrations pass
+torch.compile(fullgraph=True): each op's one schema (its module's) in every namespace, every namespace's registrations pass
 torch.library.opcheck (schema, fake tensors, AOT dispatch), the target's cached tree forward and one
 speculative / AR step of the decoding loop trace into one graph and give the eager step's results, and the
 value scans of the argument checks are left out while tracing only (shape / dtype checks still run)."""
@@ -22,7 +22,8 @@ from lantern.decoding.proposers import new_state
 from lantern.decoding.state import DecodeState
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter
-from lantern.ops import fused_triton, library, self_check
+from lantern.ops import (continuous_verify_op, library, philox_uniform_op, self_check, triton_backend,
+                         verify_op)
 from lantern.ops.reference.tree import ancestor_mask
 
 CPU = torch.device("cpu")
@@ -34,9 +35,7 @@ def extension_built() -> bool:
 
 
 def triton_interpreted() -> bool:
-    from lantern.ops import fused_triton
-
-    return fused_triton.triton_unavailable() is None and fused_triton.interpreting()
+    return triton_backend.triton_unavailable() is None and triton_backend.interpreting()
 
 
 needs_extension = pytest.mark.skipif(not extension_built(), reason="lantern._C is not built")
@@ -54,11 +53,25 @@ def single_thread():
 
 # ---- the declarations ---------------------------------------------------------------------------------
 
+EXTENSION_OPS = [op.name for op in library.ops() if library.EXTENSION in op.backends.values()]
+
+
+def test_each_op_has_its_modules_schema_in_every_namespace():
+    """The schema is written once, in the op module; lantern._C only registers kernels for it."""
+    for op in library.ops():
+        assert str(getattr(torch.ops.lantern_reference, op.name).default._schema) == \
+            f"lantern_reference::{op.name}{op.schema}"
+        if op.name in EXTENSION_OPS:
+            assert str(getattr(torch.ops.lantern, op.name).default._schema) == f"lantern::{op.name}{op.schema}"
+
+
 @needs_extension
-def test_schemas_are_lantern_C_schemas():
-    for name, schema in library.SCHEMAS.items():
-        assert str(getattr(torch.ops.lantern, name).default._schema) == f"lantern::{name}{schema}"
-        assert str(getattr(torch.ops.lantern_reference, name).default._schema) == f"lantern_reference::{name}{schema}"
+def test_lantern_C_registers_kernels_for_the_declared_ops():
+    """Every op whose table names lantern._C has its CPU kernel."""
+    for name in EXTENSION_OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"lantern::{name}", "CPU"), name
+    assert set(EXTENSION_OPS) == {"verify", "latent_neighbours", "tree_attention", "compact_kv", "philox_uniform",
+                                  "continuous_verify"}
 
 
 def same_schema(name: str, a: str, b: str) -> bool:
@@ -71,13 +84,14 @@ def same_schema(name: str, a: str, b: str) -> bool:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-@pytest.mark.parametrize("name", fused_triton.TRITON_OPS)
+@pytest.mark.parametrize("name", triton_backend.triton_ops())
 def test_triton_launchers_annotations_give_the_declared_schema(name):
     """torch releases before 2.14 ignore triton_op's ``schema=`` and infer the schema from the launcher's
     annotations, so the annotations must spell the declared schema."""
-    module = importlib.import_module(f"lantern_kernels.{name}")
-    inferred = torch.library.infer_schema(module._launch, mutates_args=library.MUTATES.get(name, ()))
-    assert same_schema(name, inferred, library.SCHEMAS[name]), (inferred, library.SCHEMAS[name])
+    op = library.OPS[name]
+    module = importlib.import_module(op.triton_module)
+    inferred = torch.library.infer_schema(module.launch, mutates_args=op.mutates)
+    assert same_schema(name, inferred, op.schema), (inferred, op.schema)
 
 
 def test_same_schema_tells_different_schemas_apart():
@@ -88,13 +102,12 @@ def test_same_schema_tells_different_schemas_apart():
 
 
 TRITON_SCHEMA_SCRIPT = textwrap.dedent('''
-    import importlib, json
+    import json
     import torch
-    from lantern.ops import fused_triton
-    for name in fused_triton.TRITON_OPS:
-        importlib.import_module(f"lantern_kernels.{name}")
+    from lantern.ops import triton_backend
+    assert triton_backend.import_failures() == {}, triton_backend.import_failures()  # declares every op
     print(json.dumps({name: str(getattr(torch.ops.lantern_triton, name).default._schema)
-                      for name in fused_triton.TRITON_OPS}))
+                      for name in triton_backend.triton_ops()}))
 ''')
 
 
@@ -105,35 +118,31 @@ def test_triton_ops_on_a_gpu_have_the_declared_schemas():
     from triton_compile import run_compile_script
 
     schemas = json.loads(run_compile_script(TRITON_SCHEMA_SCRIPT, timeout=300).strip().splitlines()[-1])
-    assert set(schemas) == set(fused_triton.TRITON_OPS)
+    assert set(schemas) == set(triton_backend.triton_ops())
     for name, schema in schemas.items():
         prefix = f"lantern_triton::{name}"
-        assert schema.startswith(prefix) and same_schema(name, schema[len(prefix):], library.SCHEMAS[name]), schema
+        assert schema.startswith(prefix) and same_schema(name, schema[len(prefix):], library.OPS[name].schema), schema
 
 
 def op_samples():
     """(op name, schema arguments) per op: the self-check cases converted as the public ops convert them."""
-    verify_kwargs = self_check.verify_cases(CPU)[0][0]
-    args = [verify_kwargs.pop(n) for n in ("logits", "tokens", "parents", "neighbours")]
-    kw = verify_kwargs
-    verify = library.verify_args(*args, kw["uncond_logits"], kw["cfg_scale"], kw["temperature"], kw["top_k"],
-                                 kw["top_p"], None, kw["k"], kw["delta"], None, kw["budget"], kw["seed"],
-                                 kw["offset"], torch.float32)
+    verify = verify_op.to_schema("triton", **self_check.verify_cases(CPU)[0][0])
     seed, c0, c1, c2, c3 = self_check.philox_cases(CPU)[1]
     parents = torch.tensor(self_check.ATT_PARENTS)
     scores = torch.tensor([[-0.5, -1.0, -0.75, -2.0], [-0.25, -0.5, -3.0, -0.6]])
     cand_parents = torch.tensor([[-1, -1, 0, 1], [-1, 0, 1, 0]])
     cv = self_check.continuous_cases(CPU)[1][0]
-    continuous = library.continuous_verify_args(
-        *(cv[n] for n in ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q", "logsig_p", "logsig_q", "rule", "bandwidth",
-                          "sigma_ratio")), 1000, cv["seed"], cv["offset"], cv["rows"], cv["positions"])
+    continuous = continuous_verify_op.to_schema(
+        "cpu", *(cv[n] for n in ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q", "logsig_p", "logsig_q", "rule",
+                                 "bandwidth", "sigma_ratio")), 1000, cv["seed"], cv["offset"], rows=cv["rows"],
+        positions=cv["positions"])
     return {
         "verify": verify,
         "continuous_verify": continuous,
         "latent_neighbours": (self_check.neighbour_codebook(CPU), self_check.NEIGHBOUR_K, True),
         "tree_attention": self_check.attention_case(CPU),
         "compact_kv": self_check.compact_case(CPU),
-        "philox_uniform": library.philox_args(seed, c0, c1, c2, c3),
+        "philox_uniform": philox_uniform_op.to_schema("cpu", seed, c0, c1, c2, c3),
         "process_logits": (verify[0], verify[4], verify[5], verify[6], verify[7], verify[8]),
         "ancestor_mask": (parents,),
         "build_tree": (torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]]), cand_parents, scores, torch.tensor([9, 0]), 3),
@@ -141,9 +150,9 @@ def op_samples():
 
 
 def namespaces():
-    found = [("lantern_reference", name) for name in (*library.FUSED_OPS, *library.REFERENCE_ONLY_SCHEMAS)]
+    found = [("lantern_reference", op.name) for op in library.ops()]
     if extension_built():
-        found += [("lantern", name) for name in library.FUSED_OPS]
+        found += [("lantern", name) for name in EXTENSION_OPS]
     if triton_interpreted():
         _backend._load_backends()
         found += [("lantern_triton", name) for name in _backend._REGISTRY["triton"]]
@@ -167,18 +176,14 @@ TRITON_OP_SCRIPT = textwrap.dedent('''
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch._subclasses.functional_tensor import dispatch_functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
-    import lantern_kernels.compact_kv, lantern_kernels.latent_neighbours, lantern_kernels.tree_attention
-    import lantern_kernels.verify
-    from lantern.ops import fused_triton, library, self_check
+    from lantern.ops import self_check, triton_backend, verify_op
+    assert triton_backend.import_failures() == {}, triton_backend.import_failures()  # declares every op
 
     logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)  # no driver here
     cpu = torch.device("cpu")
     kw = self_check.verify_cases(cpu)[0][0]
-    args = [kw.pop(n) for n in ("logits", "tokens", "parents", "neighbours")]
     cases = {
-        "verify": library.verify_args(*args, kw["uncond_logits"], kw["cfg_scale"], kw["temperature"], kw["top_k"],
-                                      kw["top_p"], None, kw["k"], kw["delta"], None, kw["budget"], kw["seed"],
-                                      kw["offset"], torch.float32),
+        "verify": verify_op.to_schema("triton", **kw),
         "latent_neighbours": (self_check.neighbour_codebook(cpu), 5, True),
         "tree_attention": self_check.attention_case(cpu),
         "compact_kv": self_check.compact_case(cpu),

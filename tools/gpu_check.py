@@ -7,7 +7,7 @@ itself). The steps, most important first (tools/gpu_check_steps.py runs each in 
 
   build        pip install --no-build-isolation --no-deps --no-index -e .  (MAX_JOBS = cores; TORCH_CUDA_ARCH_LIST
                defaults to this GPU's architecture only, which halves nvcc's work)
-  selfcheck    import lantern and lantern_kernels, lantern.build_info(), every fused kernel's self-check on the GPU
+  selfcheck    import lantern and lantern.kernels, lantern.build_info(), every fused kernel's self-check on the GPU
   ops          every CUDA and Triton op against the CPU kernels on a bounded, representative set of cases (one
                autotune configuration per Triton kernel: LANTERN_TRITON_CONFIGS=first)
   e2e          the tiny model on the GPU: greedy tokens equal the CPU path's; AR vs LANTERN vs SJD at batch 1 / 8 /

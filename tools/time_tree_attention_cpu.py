@@ -19,7 +19,9 @@ import torch
 
 def main(label: str) -> None:
     import lantern
-    from lantern.ops import fused_cpu
+    from lantern.ops import tree_attention_op
+
+    cpu_kernel = tree_attention_op.OP.caller("cpu")
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -31,11 +33,11 @@ def main(label: str) -> None:
         cache_len, parents = torch.tensor([L]), torch.tensor([[-1] + list(range(T - 1))])
         mask = lantern.ops.ancestor_mask(parents)
         for _ in range(3):
-            fused_cpu.tree_attention(q, k, v, cache_len, mask)
+            cpu_kernel(q, k, v, cache_len, mask)
         times = []
         for _ in range(30):
             start = time.perf_counter()
-            fused_cpu.tree_attention(q, k, v, cache_len, mask)
+            cpu_kernel(q, k, v, cache_len, mask)
             times.append(time.perf_counter() - start)
         medians[L] = statistics.median(times) * 1e3
     print(label, " ".join(f"L={L}: {t:.3f} ms" for L, t in medians.items()), f"({lantern.__file__})")

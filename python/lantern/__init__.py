@@ -9,9 +9,9 @@ from .sampling import sample
 def build_info() -> str:
     """One line: how lantern._C was built (with or without CUDA kernels, for which architectures), or why it
     cannot be imported. ``make install`` prints it (pip shows a build's output only with -v)."""
-    from .ops import fused_cpu  # imports lantern._C: not at ``import lantern``
+    from .ops import extension  # imports lantern._C: not at ``import lantern``
 
-    return fused_cpu.build_info()
+    return extension.build_info()
 
 
 __all__ = ["ops", "models", "generate", "sample", "enable_fused", "disable_fused", "fused", "fused_ops",

@@ -1,16 +1,18 @@
 """Backend selection for ``lantern.ops``.
 
-Every public op in ``lantern.ops`` is a thin function that checks its arguments and asks this module which
-implementation to run. Each op is a torch.library operator with one schema (``lantern.ops.library``,
-docs/dispatch.md): ``lantern::<op>`` (lantern._C's CPU and CUDA kernels), ``lantern_triton::<op>`` (the
-Triton kernels) and ``lantern_reference::<op>`` (the PyTorch reference). ``_REGISTRY`` maps each backend to
-the functions, with the public op's signature, that call them; it is built once (``_load_backends``) from
-what the dispatcher and lantern_kernels provide, not registered by hand. The reference implementation
-(``lantern.ops.reference``) is always available and is the readable definition of each op; an op a backend
-does not implement runs the reference, and ``fused_ops()`` says which ones are fused. ``resolve`` picks the
-implementation; ``dispatch`` (what the public ops call) is the same, except that while torch.compile traces
-the reference runs as the opaque ``lantern_reference::<op>`` (its Python has value-dependent control flow a
-graph cannot hold); eager code calls the reference functions directly.
+Every public op in ``lantern.ops`` checks its arguments and asks this module which implementation to run:
+``dispatch(op, device, backend)``, where ``backend`` is the op's explicit ``backend=`` argument or, when the
+caller gives none, the default that ``lantern.enable_fused()`` / ``lantern.fused()`` set for this thread. Each op
+module declares its op once with its backend table (``lantern.ops.library.Op``, docs/dispatch.md);
+``_REGISTRY`` maps each backend to the functions, with the public op's signature, that call its operators,
+built once (``_load_backends``) from those tables and from what the dispatcher and the Triton kernel modules
+provide. The reference implementation (``lantern.ops.reference``) is always available and is the readable
+definition of each op; an op a backend does not implement runs the reference, and ``fused_ops()`` says which
+ones are fused. ``resolve`` picks the implementation; ``dispatch`` is the same, except that while
+torch.compile traces the reference runs as the opaque ``lantern_reference::<op>`` (its Python has
+value-dependent control flow a graph cannot hold); eager code calls the reference functions directly.
+``resolved_backends(device)`` names, once per run, the backend each op resolves to; passing those names as
+``backend=`` skips the default's lookup.
 
 Before a fused kernel first runs an op on a device, ``resolve`` compares it with the reference on a few tiny
 cases (``lantern.ops.self_check``; docs/self_check.md). A kernel that disagrees is never used for that op on
@@ -48,20 +50,6 @@ _checking: set = set()
 # reference instead because the kernel's self-check had disabled it ("disabled"). Tests read them to tell a
 # kernel test that ran its kernel from one that silently compared the reference with itself.
 _kernel_calls: Dict[str, Dict[Tuple[str, str], int]] = {"ran": {}, "disabled": {}}
-
-
-def register(backend: str, op_name: str) -> Callable[[Callable], Callable]:
-    """Decorator for the reference definitions (``lantern.ops.reference``): ``fn`` is the reference
-    ``op_name``. Fused backends are not registered by hand: ``_load_backends`` finds their ops."""
-    if backend != "reference":
-        raise ValueError(f"only reference definitions are registered by hand, got backend {backend!r}; fused "
-                         f"kernels are torch.library ops found by _load_backends")
-
-    def wrap(fn: Callable) -> Callable:
-        _REGISTRY[backend][op_name] = fn
-        return fn
-
-    return wrap
 
 
 def _why_unavailable(backend: str) -> Optional[str]:
@@ -127,15 +115,19 @@ def wrong_device(backend: str, device) -> Optional[str]:
     return expected
 
 
-def resolve(op_name: str, device: torch.device) -> Callable:
-    """The implementation of ``op_name`` for the active backend and an input on ``device``."""
-    return _resolve(op_name, device, count=True)
+def resolve(op_name: str, device: torch.device, backend: Optional[str] = None) -> Callable:
+    """The implementation of ``op_name`` for ``backend`` (default: the active one) and an input on ``device``."""
+    return _resolve(op_name, device, count=True, backend=backend)
 
 
-def _resolve(op_name: str, device: torch.device, count: bool) -> Callable:
+def _resolve(op_name: str, device: torch.device, count: bool, backend: Optional[str] = None) -> Callable:
     """``resolve``; ``count``: a call that runs the reference because the kernel's self-check disabled it is
     counted (``kernel_calls``), which a mere question (``resolved_backends``) is not."""
-    backend = active_backend()
+    explicit = backend is not None
+    if not explicit:
+        backend = active_backend()
+    elif backend not in _REGISTRY and backend != "auto":
+        _validate(backend)  # raises, naming the choices
     if backend == "reference":
         return _REGISTRY["reference"][op_name]
     _load_backends()
@@ -147,6 +139,9 @@ def _resolve(op_name: str, device: torch.device, count: bool) -> Callable:
         return _REGISTRY["reference"][op_name]
     impl = _REGISTRY[backend].get(op_name)
     if impl is None:
+        why = _why_unavailable(backend) if explicit else None  # enable_fused checked the default already
+        if why is not None:
+            raise RuntimeError(f"backend '{backend}' is unavailable: {why}")
         return _REGISTRY["reference"][op_name]
     wrong = wrong_device(backend, device)
     if wrong is not None:
@@ -165,7 +160,7 @@ def _count(kind: str, backend: str, op_name: str) -> None:
 
 
 def count_kernel(backend: str, op_name: str) -> None:
-    """Called by each fused kernel's Python caller (``fused_cpu``, the Triton launchers) on every call."""
+    """Called by each fused kernel's Python caller (``lantern.ops.library.Op``) on every call."""
     if torch.compiler.is_compiling() or getattr(_state, "self_checking", False):
         return
     _count("ran", backend, op_name)
@@ -178,27 +173,28 @@ def kernel_calls() -> Dict[str, Dict[Tuple[str, str], int]]:
     return {kind: dict(calls) for kind, calls in _kernel_calls.items()}
 
 
-def resolved_backends(device) -> Dict[str, str]:
+def resolved_backends(device, backend: Optional[str] = None) -> Dict[str, str]:
     """op -> the backend ("reference", "cpu", "cuda" or "triton") whose implementation ``resolve`` picks for
-    inputs on ``device`` under the active backend (self-checks included): what a run's numerics depend on."""
+    inputs on ``device`` under ``backend`` (default: the active one; self-checks included): what a run's
+    numerics depend on. A run resolves its backends once with it and passes each op its name."""
     device = torch.device(device)
     _load_backends()
     chosen = {}
     for op_name in sorted(_REGISTRY["reference"]):
-        impl = _resolve(op_name, device, count=False)
+        impl = _resolve(op_name, device, count=False, backend=backend)
         chosen[op_name] = next((name for name in ("cpu", "cuda", "triton") if _REGISTRY[name].get(op_name) is impl),
                                "reference")
     return chosen
 
 
-def dispatch(op_name: str, device: torch.device) -> Callable:
+def dispatch(op_name: str, device: torch.device, backend: Optional[str] = None) -> Callable:
     """What a public op calls: ``resolve``'s choice, except that while torch.compile traces, the reference
     definition is replaced by the opaque ``lantern_reference::<op_name>`` that runs it."""
-    impl = resolve(op_name, device)
+    impl = resolve(op_name, device, backend)
     if torch.compiler.is_compiling() and impl is _REGISTRY["reference"][op_name]:
         from .ops import library
 
-        return library.reference_ops()[op_name]
+        return library.OPS[op_name].reference_op
     return impl
 
 
@@ -268,13 +264,13 @@ def _run_self_check(key: Tuple[str, str, str]) -> Optional[str]:
 def self_check_report() -> Dict[Tuple[str, str, str], Optional[str]]:
     """The self-checks run so far: (backend, op, device) -> None (agrees with the reference) or the
     mismatch that disabled that kernel; a kernel that could not even be loaded is listed with the device
-    "*" (every device) and the reason, e.g. ("triton", "verify", "*") -> "lantern_kernels.verify failed to
+    "*" (every device) and the reason, e.g. ("triton", "verify", "*") -> "lantern.kernels.verify failed to
     import (...)"."""
     report = dict(_self_checks)
     if _loaded:
-        from .ops import fused_triton
+        from .ops import triton_backend
 
-        report.update({("triton", op, "*"): why for op, why in fused_triton.import_failures().items()})
+        report.update({("triton", op, "*"): why for op, why in triton_backend.import_failures().items()})
     return report
 
 
@@ -304,8 +300,6 @@ def fused_ops(backend: Optional[str] = None) -> Dict[str, bool]:
 
 
 def _triton_interpret() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -315,8 +309,8 @@ _load_lock = threading.Lock()
 
 def _load_backends() -> None:
     """Fill the fused backends' tables (lazily, to keep import cheap: it imports lantern._C and triton):
-    "cpu" / "cuda" get the ops of lantern._C with a kernel for the CPU / CUDA dispatch key, "triton" the ops
-    of lantern_kernels. ``enable_fused`` calls it, so it has run before torch.compile traces a fused backend
+    "cpu" / "cuda" get the ops whose backend table names lantern._C and that have a kernel for the CPU / CUDA
+    dispatch key, "triton" those whose Triton kernel module imports. ``enable_fused`` calls it, so it has run before torch.compile traces a fused backend
     (the reference backend does not need it)."""
     global _loaded
     if _loaded:
@@ -327,11 +321,11 @@ def _load_backends() -> None:
     with _load_lock:  # threads that enable a backend at once load the tables once, and see them whole
         if _loaded:
             return
-        from .ops import fused_cpu, fused_triton
+        from .ops import extension, triton_backend
 
-        _AVAILABILITY.update(cpu=fused_cpu.cpu_unavailable, cuda=fused_cpu.cuda_unavailable,
-                             triton=fused_triton.triton_unavailable)
-        _REGISTRY["cpu"].update(fused_cpu.implementations("CPU"))
-        _REGISTRY["cuda"].update(fused_cpu.implementations("CUDA"))
-        _REGISTRY["triton"].update(fused_triton.implementations())
+        _AVAILABILITY.update(cpu=extension.cpu_unavailable, cuda=extension.cuda_unavailable,
+                             triton=triton_backend.triton_unavailable)
+        _REGISTRY["cpu"].update(extension.implementations("CPU"))
+        _REGISTRY["cuda"].update(extension.implementations("CUDA"))
+        _REGISTRY["triton"].update(triton_backend.implementations())
         _loaded = True

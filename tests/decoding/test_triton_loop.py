@@ -8,7 +8,7 @@ target often enough that trees are partly accepted, so the rows'
 cache lengths become ragged, verify walks real trees and compact_kv moves real paths. Runs only under the
 interpreter (CPU tensors): the loop's bookkeeping lives on the CPU; on a GPU the kernel tests cover the ops.
 
-The ops that run fused are counted, and must be exactly the ops lantern_kernels implements."""
+The ops that run fused are counted, and must be exactly the ops lantern.kernels implements."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,17 +18,17 @@ import torch
 
 import lantern
 from lantern import _backend
-from lantern.ops import fused_triton
+from lantern.ops import triton_backend
 from lantern.ops.reference.latent_neighbours import latent_neighbours as reference_neighbours
 from lantern.pretrained import load_tiny, load_tiny_drafter
 
 pytest.importorskip("triton")
-if not fused_triton.interpreting():
+if not triton_backend.interpreting():
     pytest.skip("the loop test runs the Triton kernels under TRITON_INTERPRET=1 on CPU tensors",
                 allow_module_level=True)
 
 LENGTH = 10  # tokens generated per row (of the tiny model's 64)
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "lantern_kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "python" / "lantern" / "kernels"
 
 SETTINGS = {
     "ar-sampled": dict(method="ar", cfg_scale=2.0, temperature=1.0, top_k=50, seed=5),
@@ -84,13 +84,13 @@ def test_triton_loop_gives_the_reference_tokens(models, setting, fused_calls, mo
     assert torch.equal(got, want), f"{setting}: triton {got.tolist()} vs reference {want.tolist()}"
 
 
-def test_the_ops_that_ran_fused_are_the_ones_lantern_kernels_implements(fused_calls):
+def test_the_ops_that_ran_fused_are_the_ones_with_triton_kernels(fused_calls):
     """Runs after the loop tests (same module, file order). The loop calls tree_attention, compact_kv and
-    verify every step; each must have run through its Triton kernel iff lantern_kernels/<op>.py exists."""
+    verify every step; each must have run through its Triton kernel iff lantern/kernels/<op>.py exists."""
     if not fused_calls:
         pytest.skip("run together with the loop tests above")
     fused = lantern.fused_ops("triton")
-    for op in fused_triton.TRITON_OPS:
+    for op in triton_backend.triton_ops():
         implemented = (KERNEL_DIR / f"{op}.py").exists()
         assert fused[op] == implemented, op
         if op in ("tree_attention", "compact_kv", "verify"):

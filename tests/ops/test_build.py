@@ -10,7 +10,7 @@ import lantern
 from lantern import _backend
 
 _C = pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
-from lantern.ops import fused_cpu  # noqa: E402
+from lantern.ops import extension  # noqa: E402
 
 OPS = ("lantern::compact_kv", "lantern::philox_uniform")
 REQUIRE_CUDA_BUILD = os.environ.get("CI") == "true" or os.environ.get("LANTERN_REQUIRE_CUDA_BUILD") == "1"
@@ -39,7 +39,7 @@ def test_cuda_kernels_compiled():
 
 def test_cuda_availability_says_why():
     why = _backend._why_unavailable("cuda")
-    if fused_cpu.cuda_compiled() and torch.cuda.is_available():
+    if extension.cuda_compiled() and torch.cuda.is_available():
         assert why is None
     else:
         assert isinstance(why, str) and ("CUDA" in why)
@@ -103,7 +103,7 @@ def test_sdist_holds_every_source_whatever_the_build_finds(tmp_path):
     import tarfile
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sources = ["csrc", "lantern_kernels", "python/lantern", "tools/nvcc_ptxas_log.py"]
+    sources = ["csrc", "python/lantern", "tools/nvcc_ptxas_log.py"]
     tracked = subprocess.run(["git", "ls-files", *sources], cwd=root, capture_output=True, text=True)
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")

@@ -175,3 +175,80 @@ def test_gpu_gpt_xl_cache(backend, device, dtype):
     """GPT-XL's cache: 36 layers x K/V, B = 2 (with CFG: 4 rows), 20 kv heads, Lmax = 256 + 1 + 65, Dh = 64."""
     rng = random.Random(3)
     check_against_reference(*compact_case(rng, (36, 2), 4, 20, 322, 64, 8, dtype, device=device))
+
+
+ALL_BACKENDS = backends.params(backends.NAMES)  # reference, cpu, cuda, triton (skipped, with the reason, if unusable)
+
+
+# ---- inputs in the memory it writes, grad ----------------------------------------------------------------
+
+def _aliased_inputs(which):
+    """A float64 cache whose first element is read as ``which`` (cache_len, n_keep or
+    path_nodes), int64 views of the cache's own memory; the copy would overwrite them mid-way."""
+    cache = torch.zeros(4, 1, 1, 8, 1, dtype=torch.float64)
+    cache[0, 0, 0, 1, 0] = 1e300
+    alias = cache.view(-1)[:2].view(torch.int64)  # [2] int64 in the cache's first 16 bytes
+    args = dict(cache_len=torch.tensor([1]), path_nodes=torch.tensor([[1, 0]]), n_keep=torch.tensor([1]))
+    if which == "cache_len":
+        args["cache_len"] = alias[:1]  # holds 0 (the cache's first element)
+    elif which == "n_keep":
+        alias[:1] = 1
+        args["n_keep"] = alias[:1]
+    else:
+        alias[0], alias[1] = 1, 0
+        args["path_nodes"] = alias.view(1, 2)
+    return cache, args
+
+
+@pytest.mark.parametrize("which", ["cache_len", "n_keep", "path_nodes"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.no_kernel_check("bad input: rejected before any kernel runs")
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_rejects_inputs_in_the_cache_memory(backend, which):
+    import lantern
+    from lantern import ops
+
+    cache, args = _aliased_inputs(which)
+    before = cache.clone()
+    with lantern.fused(backend), pytest.raises(ValueError, match=f"{which} overlaps the memory of cache"):
+        ops.compact_kv(cache, **args)
+    assert torch.equal(cache, before)  # untouched
+
+
+@pytest.mark.parametrize("which", ["cache_len", "n_keep", "path_nodes"])
+@pytest.mark.parametrize("kernel", ["lantern", "lantern_triton"])
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_kernels_called_directly_reject_inputs_in_the_cache_memory(kernel, which):
+    """The kernels behind the checks (torch.ops.lantern.compact_kv: cpu, cuda; lantern_triton: triton) refuse
+    the overlap themselves (a kernel that re-read cache_len after overwriting it would crash)."""
+    name = {"lantern": "cpu", "lantern_triton": "triton"}[kernel]
+    if backends.why_unavailable(name) is not None:
+        pytest.skip(f"backend {name!r} is unavailable: {backends.why_unavailable(name)}")
+    import lantern
+
+    lantern.enable_fused("reference")  # loads the fused ops without using them
+    cache, args = _aliased_inputs(which)
+    before = cache.clone()
+    with pytest.raises(ValueError, match=f"{which} overlaps the memory of cache"):
+        getattr(torch.ops, kernel).compact_kv(cache, args["cache_len"], args["path_nodes"], args["n_keep"])
+    assert torch.equal(cache, before)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_neighbouring_memory_is_accepted_and_a_cache_requiring_grad_refused(backend):
+    """Neighbouring (not overlapping) memory is accepted and moves what it should; a cache that requires grad
+    is refused on every backend (it is modified in place)."""
+    import lantern
+    from lantern import ops
+
+    buffer = torch.arange(10, dtype=torch.float64)
+    cache = buffer[:8].view(1, 1, 8, 1)  # B = 1, Hkv = 1, Lmax = 8, Dh = 1
+    lengths = buffer[8:].view(torch.int64)[:1]  # int64 view of the next 8 bytes: outside the cache's span
+    lengths.fill_(2)
+    with lantern.fused(backend):
+        new_len = ops.compact_kv(cache, lengths, torch.tensor([[0, 3]]), torch.tensor([2]))
+        assert new_len.tolist() == [4] and cache.flatten()[:6].tolist() == [0, 1, 2, 5, 4, 5]
+        leaf = torch.zeros(1, 1, 8, 1, requires_grad=True)
+        with pytest.raises(ValueError, match="cache must not require grad"):
+            ops.compact_kv(leaf, torch.tensor([0]), torch.tensor([[0]]), torch.tensor([1]))

@@ -11,7 +11,7 @@ from lantern.ops.reference.compact_kv import compact_kv as compact_kv_ref
 from op_cases import compact_case
 
 pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
-from lantern.ops import fused_cpu  # noqa: E402,F401  (registers the fake impls and backends)
+import lantern.ops  # noqa: E402,F401  (defines the ops)
 
 op = torch.ops.lantern.compact_kv
 EXTENSION = backends.params(["cpu", "cuda"])

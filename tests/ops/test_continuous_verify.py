@@ -185,13 +185,13 @@ def test_bad_input_is_named(backend, device, label, mutate, error, name):
 
 @pytest.mark.skipif(backends.why_unavailable("cpu") is not None, reason="lantern._C is not built")
 def test_the_cpu_kernel_checks_its_arguments_when_called_directly():
-    from lantern.ops import library
+    from lantern.ops import continuous_verify_op
 
     block = continuous_block(3, 2, 4, 3)
-    args = list(library.continuous_verify_args(*block.values(), "exact", 1.0, "paper", 10, 0, 0, None, None))
+    args = list(continuous_verify_op.to_schema("cpu", *block.values(), "exact", 1.0, "paper", 10, 0, 0))
     args[3] = args[3][:, :2]  # mu_q
     with pytest.raises(ValueError, match="mu_q"):
         torch.ops.lantern.continuous_verify(*args)
-    args = list(library.continuous_verify_args(*block.values(), "sideways", 1.0, "paper", 10, 0, 0, None, None))
+    args = list(continuous_verify_op.to_schema("cpu", *block.values(), "sideways", 1.0, "paper", 10, 0, 0))
     with pytest.raises(ValueError, match="rule"):
         torch.ops.lantern.continuous_verify(*args)

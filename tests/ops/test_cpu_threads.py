@@ -10,12 +10,13 @@ import random
 import pytest
 import torch
 
+import backends
 import lantern
 from lantern import ops
 from op_cases import attention_case, compact_case, continuous_block, random_case, random_codebook
 
 pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
-from lantern.ops import fused_cpu  # noqa: E402
+from lantern.ops import extension  # noqa: E402
 
 THREADS = (1, 2)
 
@@ -46,7 +47,7 @@ def assert_same_bits(runs):
 
 
 def routed(op: str) -> None:
-    assert lantern._backend.resolve(op, torch.device("cpu")).__module__ == fused_cpu.__name__, op
+    assert lantern._backend.resolve(op, torch.device("cpu")) is backends.kernel("cpu", op), op
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])

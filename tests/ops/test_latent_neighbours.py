@@ -250,3 +250,41 @@ def test_gpu_llamagen_shape(backend, device, normalize):
     assert_neighbours_valid(codebook.cpu(), 1000, normalize, got)
     if backend in EXACT:
         assert torch.equal(got, reference_table(codebook, 1000, normalize))
+
+
+ALL_BACKENDS = backends.params(backends.NAMES)  # reference, cpu, cuda, triton (skipped, with the reason, if unusable)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_table_does_not_depend_on_the_codebook_layout(backend):
+    """A non-contiguous codebook is normalised with the rounding of a contiguous one, so near-tied neighbours
+    (here: both at squared distance ~1 from the zero row) do not swap with the layout: every backend gives one
+    table for both layouts."""
+    import lantern
+    from lantern import ops
+
+    codebook = torch.tensor([[0.0, 0.0, 0.0], [0.5684312582, -1.0845223665, -1.3985954523],
+                             [0.4033468366, 0.8380263448, -0.7192575932]])
+    transposed = codebook.t().contiguous().t()
+    with lantern.fused("reference"):
+        want = ops.latent_neighbours(codebook, 1, normalize=True)
+    with lantern.fused(backend):
+        assert torch.equal(ops.latent_neighbours(codebook, 1, normalize=True), want)
+        assert torch.equal(ops.latent_neighbours(transposed, 1, normalize=True), want)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_row_whose_norm_overflows_raises(backend):
+    """A row whose float32 L2 norm overflows (3.3e38 in one coordinate) would be 'normalised' to the zero row
+    (x / inf), silently: with normalize=True it is refused. Without normalisation it is an ordinary (far
+    away) code."""
+    import lantern
+    from lantern import ops
+
+    codebook = torch.tensor([[3.3e38, -0.2, -0.3], [0.5, -1.0, -1.4], [0.4, 0.8, -0.7]])
+    with lantern.fused(backend):
+        with pytest.raises(ValueError, match="codebook row 0: its L2 norm overflows float32"):
+            ops.latent_neighbours(codebook, 1, normalize=True)
+        assert ops.latent_neighbours(codebook, 1, normalize=False).flatten().tolist() == [1, 2, 1]

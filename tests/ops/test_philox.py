@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import backends
+from lantern import ops
+from op_cases import PHILOX_KNOWN_ANSWERS
 from lantern.ops.reference import philox as ref
 
 PHILOX = backends.params(["reference", "cpu", "cuda"])
@@ -15,17 +17,9 @@ def philox(backend):
     """The backend's implementation (for cpu and cuda, the extension's wrapper, called directly)."""
     if backend == "reference":
         return ref.philox_uniform
-    from lantern.ops import fused_cpu
-    return fused_cpu.philox_uniform
+    return backends.kernel("cpu", "philox_uniform")
 
-# SPEC §5: seed, (c0, c1, c2, c3) -> word 0, u, E
-KNOWN = [
-    (0, (0, 0, 0, 0), 0x6627E8D5, 0.7980929017066956, 1.5999475717544556),
-    (123456789012345, (0, 3, 5, 11), 0x9DFD5F02, 0.7657051682472229, 1.4511749744415283),
-    (42, (0x80000000, 1, 0, 0), 0x5E221A30, 0.7354156374931335, 1.3295950889587402),
-    (42, (16383, 58, 7, 1000), 0xB60EA391, 0.5776782035827637, 0.8619877099990845),
-    (2**64 - 1, (0xFFFFFFFF,) * 4, 0x408F276D, 0.5043686628341675, 0.7019228935241699),
-]
+KNOWN = PHILOX_KNOWN_ANSWERS  # SPEC §5: seed, (c0, c1, c2, c3) -> word 0, u, E
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
@@ -101,3 +95,34 @@ def test_cuda_graph_replay_with_new_seed_and_offset(backend):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(_bits(out.cpu()), _bits(ref.philox_uniform(s, c0.cpu(), 1, 2, o)))
+
+
+# ---- bad input (SPEC §9) ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,exc,fragment", [
+    ((-1, 0, 0, 0, 0), ValueError, "seed"),
+    ((0, 2**32, 0, 0, 0), ValueError, "c0"),
+    ((0, 0, torch.tensor([-1]), 0, 0), ValueError, "c1"),
+    ((0, 0, 0, torch.tensor([0.5]), 0), TypeError, "c2"),
+    ((0, 0, 0, 0, "1"), ValueError, "c3"),
+])
+def test_rejects_bad_input(args, exc, fragment):
+    with pytest.raises(exc, match=fragment):
+        ops.philox_uniform(*args)
+
+
+ALL_BACKENDS = backends.params(backends.NAMES)  # reference, cpu, cuda, triton (skipped, with the reason, if unusable)
+
+
+@pytest.mark.parametrize("backend", backends.params(["reference", "cpu", "cuda"]))  # triton has no philox op
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_counters_that_do_not_broadcast_raise(backend):
+    """Counters of shapes [3] and [0] are refused by the checks with a ValueError naming the counters (not a
+    RuntimeError from inside torch.broadcast_tensors); shapes that broadcast run."""
+    import lantern
+    from lantern import ops
+
+    with lantern.fused(backend):
+        with pytest.raises(ValueError, match="c0, c1, c2, c3 must broadcast together"):
+            ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(0, dtype=torch.int64), 0, 0)
+        assert ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(2, 1, dtype=torch.int64), 0, 0).shape == (2, 3)

@@ -17,11 +17,7 @@ TRITON_OPS = ("verify", "latent_neighbours", "tree_attention", "compact_kv", "co
 
 def implementation(backend: str, op: str):
     """The function the backend is expected to run for ``op``."""
-    if backend in ("cpu", "cuda"):
-        from lantern.ops import fused_cpu
-        return getattr(fused_cpu, op)
-    import importlib
-    return getattr(importlib.import_module(f"lantern_kernels.{op}"), op)
+    return backends.kernel(backend, op)
 
 
 @pytest.mark.parametrize("backend", backends.params(["cpu", "cuda"]), indirect=True)
@@ -85,26 +81,28 @@ def test_a_kernel_module_that_fails_to_import_disables_only_the_triton_backend(m
     pytest.importorskip("triton")
     import importlib
 
-    from lantern.ops import fused_triton
+    from lantern.ops import library, triton_backend
 
     def import_module(name):
-        if name == "lantern_kernels.verify":
+        if name == "lantern.kernels.verify":
             raise ValueError("infer_schema(func): Parameter logits must have a type annotation")
         return importlib.import_module(name)
 
     _backend._load_backends()
-    monkeypatch.setattr(fused_triton, "importlib", type("Stub", (), {"import_module": staticmethod(import_module)}))
-    monkeypatch.setattr(fused_triton, "_found", None)
-    monkeypatch.setattr(fused_triton, "_failures", {})
+    monkeypatch.setattr(library, "importlib", type("Stub", (), {"import_module": staticmethod(import_module)}))
+    for op in library.ops():
+        monkeypatch.setattr(op, "_triton_caller", None)
+    monkeypatch.setattr(triton_backend, "_found", None)
+    monkeypatch.setattr(triton_backend, "_failures", {})
     monkeypatch.setattr(_backend, "_loaded", False)
     for name in ("cpu", "cuda", "triton"):
         monkeypatch.setitem(_backend._REGISTRY, name, {})
-    with pytest.warns(RuntimeWarning, match=r"triton backend is disabled: lantern_kernels.verify failed to import "
+    with pytest.warns(RuntimeWarning, match=r"triton backend is disabled: lantern.kernels.verify failed to import "
                                             r"\(ValueError: infer_schema"):
         lantern.enable_fused("auto")
     why = _backend._why_unavailable("triton")
-    assert why.startswith("lantern_kernels.verify failed to import (ValueError: infer_schema(func): Parameter logits")
-    with pytest.raises(RuntimeError, match="backend 'triton' is unavailable: lantern_kernels.verify failed"):
+    assert why.startswith("lantern.kernels.verify failed to import (ValueError: infer_schema(func): Parameter logits")
+    with pytest.raises(RuntimeError, match="backend 'triton' is unavailable: lantern.kernels.verify failed"):
         lantern.enable_fused("triton")
     assert lantern.self_check_report()[("triton", "verify", "*")] == why
     assert _backend._why_unavailable("cpu") == backends.why_unavailable("cpu")  # as before: not affected
@@ -112,3 +110,13 @@ def test_a_kernel_module_that_fails_to_import_disables_only_the_triton_backend(m
     codebook = random_codebook(30, 3, seed=12)
     with lantern.fused("auto"):
         assert torch.equal(lantern.ops.latent_neighbours(codebook, 4), reference_neighbours(codebook, 4, False))
+
+
+def test_unknown_backend_is_named(monkeypatch):
+    with pytest.raises(ValueError, match="'tpu'"):
+        lantern.enable_fused("tpu")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(RuntimeError, match="triton.*TRITON_INTERPRET"):
+            lantern.enable_fused("triton")
+    assert lantern.active_backend() == "reference"

@@ -12,9 +12,11 @@ import warnings
 import pytest
 import torch
 
+import backends
 import lantern
 from lantern import _backend, ops
-from lantern.ops import checks
+from lantern.ops import (compact_kv_op, continuous_verify_op, latent_neighbours_op, philox_uniform_op,
+                         tree_attention_op, verify_op)
 from lantern.ops import self_check
 from lantern.ops.reference.latent_neighbours import latent_neighbours as reference_neighbours
 from lantern.ops.reference.process_logits import guide
@@ -24,7 +26,7 @@ from lantern.ops.reference.verify import FAULTS
 from lantern.ops.reference.verify import verify as reference_verify
 
 pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
-from lantern.ops import fused_cpu  # noqa: E402
+from lantern.ops import extension  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -50,7 +52,7 @@ def counting(fn, counts):
 
 
 def verify_next_token_plus_one(*args, **kwargs):
-    result = fused_cpu.verify(*args, **kwargs)
+    result = backends.kernel("cpu", "verify")(*args, **kwargs)
     return result._replace(next_token=result.next_token + 1)
 
 
@@ -92,7 +94,7 @@ def test_an_explicit_backend_runs_the_reference_for_that_op_only(monkeypatch):
         with pytest.warns(RuntimeWarning, match=r"backend 'cpu' runs the reference verify"):
             got = ops.verify(*args, **kwargs)
         assert _backend.resolve("verify", CPU) is _backend._REGISTRY["reference"]["verify"]
-        assert _backend.resolve("latent_neighbours", CPU) is fused_cpu.latent_neighbours  # other ops unaffected
+        assert _backend.resolve("latent_neighbours", CPU) is backends.kernel("cpu", "latent_neighbours")  # other ops unaffected
     assert_same_result(got, reference_verify(*args, **kwargs))
 
 
@@ -106,7 +108,7 @@ def test_a_kernel_that_raises_is_a_mismatch_naming_the_error(monkeypatch):
 
 def test_swapped_neighbour_columns_are_caught(monkeypatch):
     def swapped(codebook, K, normalize=False):
-        table = fused_cpu.latent_neighbours(codebook, K, normalize)
+        table = backends.kernel("cpu", "latent_neighbours")(codebook, K, normalize)
         return table[:, [1, 0, *range(2, K)]]
 
     monkeypatch.setitem(_backend._REGISTRY["cpu"], "latent_neighbours", swapped)
@@ -123,7 +125,7 @@ def test_auto_moves_on_to_the_next_candidate(monkeypatch):
     monkeypatch.setattr(_backend, "_auto_candidates", lambda device: ("cpu", "triton"))
     monkeypatch.setitem(_backend._AVAILABILITY, "triton", lambda: None)
     monkeypatch.setitem(_backend._REGISTRY["cpu"], "verify", verify_next_token_plus_one)
-    second = counting(fused_cpu.verify, triton_calls)
+    second = counting(backends.kernel("cpu", "verify"), triton_calls)
     monkeypatch.setitem(_backend._REGISTRY["triton"], "verify", second)
     with lantern.fused("auto"):
         with pytest.warns(RuntimeWarning, match="backend 'cpu'"):
@@ -138,14 +140,14 @@ def test_auto_moves_on_to_the_next_candidate(monkeypatch):
 
 FAULTY = {
     "verify": [functools.partial(reference_verify, faults=(f,)) for f in FAULTS] + [verify_next_token_plus_one],
-    "latent_neighbours": [lambda c, K, n=False: fused_cpu.latent_neighbours(c, K, n)[:, [0, 2, 1, *range(3, K)]]],
-    "tree_attention": [lambda *a: fused_cpu.tree_attention(*a).index_add(2, torch.tensor([4]), torch.full((2, 4, 1, 16), 1e-3))],
-    "compact_kv": [lambda cache, cl, pn, nk: fused_cpu.compact_kv(cache, cl, pn, nk - torch.tensor([0, 1])) + torch.tensor([0, 1])],
-    "philox_uniform": [lambda *a: torch.nextafter(fused_cpu.philox_uniform(*a), torch.tensor(2.0))],
+    "latent_neighbours": [lambda c, K, n=False: backends.kernel("cpu", "latent_neighbours")(c, K, n)[:, [0, 2, 1, *range(3, K)]]],
+    "tree_attention": [lambda *a: backends.kernel("cpu", "tree_attention")(*a).index_add(2, torch.tensor([4]), torch.full((2, 4, 1, 16), 1e-3))],
+    "compact_kv": [lambda cache, cl, pn, nk: backends.kernel("cpu", "compact_kv")(cache, cl, pn, nk - torch.tensor([0, 1])) + torch.tensor([0, 1])],
+    "philox_uniform": [lambda *a: torch.nextafter(backends.kernel("cpu", "philox_uniform")(*a), torch.tensor(2.0))],
     "continuous_verify": [functools.partial(reference_continuous_verify, faults=(f,)) for f in CONTINUOUS_FAULTS]
-    + [lambda *a, **k: fused_cpu.continuous_verify(*a, **{**k, "offset": k["offset"] + 1}),  # off-by-one try key
-       lambda *a, **k: fused_cpu.continuous_verify(*a, **k)._replace(  # 1e-4 on one token
-           tokens=fused_cpu.continuous_verify(*a, **k).tokens.index_add(1, torch.tensor([2]), torch.full((3, 1, 3), 1e-4)))],
+    + [lambda *a, **k: backends.kernel("cpu", "continuous_verify")(*a, **{**k, "offset": k["offset"] + 1}),  # off-by-one try key
+       lambda *a, **k: backends.kernel("cpu", "continuous_verify")(*a, **k)._replace(  # 1e-4 on one token
+           tokens=backends.kernel("cpu", "continuous_verify")(*a, **k).tokens.index_add(1, torch.tensor([2]), torch.full((3, 1, 3), 1e-4)))],
 }
 
 
@@ -163,7 +165,7 @@ def test_every_case_catches_a_subtle_fault(monkeypatch, op_name, faulty):
 
 def test_the_check_runs_once_per_backend_op_and_device(monkeypatch):
     calls = []
-    monkeypatch.setitem(_backend._REGISTRY["cpu"], "verify", counting(fused_cpu.verify, calls))
+    monkeypatch.setitem(_backend._REGISTRY["cpu"], "verify", counting(backends.kernel("cpu", "verify"), calls))
     args, kwargs = verify_call()
     with lantern.fused("cpu"), warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -218,7 +220,7 @@ def test_no_check_while_compiling_but_a_cached_verdict_applies(monkeypatch):
 def test_concurrent_first_uses_run_one_check(monkeypatch, faulty):
     """Six threads resolve the same op at once: one check runs, and every thread gets its verdict."""
     calls = []
-    kernel = counting(verify_next_token_plus_one if faulty else fused_cpu.verify, calls)
+    kernel = counting(verify_next_token_plus_one if faulty else backends.kernel("cpu", "verify"), calls)
     monkeypatch.setitem(_backend._REGISTRY["cpu"], "verify", kernel)
     start = threading.Barrier(6)
     resolved = []
@@ -324,18 +326,18 @@ def test_run_self_checks_reports_every_cpu_op():
 
 def test_the_cases_are_valid_public_inputs():
     for kwargs, _ in self_check.verify_cases(CPU):
-        checks.check_verify(
+        verify_op.check(
             kwargs["logits"], kwargs["tokens"], kwargs["parents"], kwargs["neighbours"], kwargs.get("uncond_logits"),
             kwargs.get("cfg_scale", 1.0), kwargs["temperature"], kwargs.get("top_k", 0), kwargs.get("top_p", 1.0),
             kwargs.get("draft_probs"), kwargs["k"], kwargs.get("delta", 0.0), kwargs.get("lam"),
             kwargs.get("budget", "candidate"), kwargs["seed"], kwargs["offset"])
-    checks.check_latent_neighbours(self_check.neighbour_codebook(CPU), self_check.NEIGHBOUR_K, True)
-    checks.check_tree_attention(*self_check.attention_case(CPU))
-    checks.check_compact_kv(*self_check.compact_case(CPU))
+    latent_neighbours_op.check(self_check.neighbour_codebook(CPU), self_check.NEIGHBOUR_K, True)
+    tree_attention_op.check(*self_check.attention_case(CPU))
+    compact_kv_op.check(*self_check.compact_case(CPU))
     for args in self_check.philox_cases(CPU):
-        checks.check_philox(*args)
+        philox_uniform_op.check(*args)
     for kwargs, _ in self_check.continuous_cases(CPU):
-        checks.check_continuous_verify(*(kwargs[n] for n in ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q", "logsig_p",
+        continuous_verify_op.check(*(kwargs[n] for n in ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q", "logsig_p",
                                                              "logsig_q", "rule")),
                                        kwargs.get("bandwidth", 1.0), kwargs.get("sigma_ratio", "paper"),
                                        kwargs.get("max_tries", 1000), kwargs["seed"], kwargs["offset"], kwargs["rows"],

@@ -272,3 +272,97 @@ def test_gpu_gpt_xl_shapes(backend, device, L, dtype, tol):
     got = lantern.ops.tree_attention(q, k, v, cache_len, mask)
     torch.testing.assert_close(got.double(), reference_attention(q, k, v, cache_len, mask).double(),
                                rtol=tol, atol=tol)
+
+
+ALL_BACKENDS = backends.params(backends.NAMES)  # reference, cpu, cuda, triton (skipped, with the reason, if unusable)
+
+
+# ---- non-finite keys, values or queries -------------------------------------------------------------------
+
+def _non_finite_case():
+    """B = 2 rows, H = 4 query heads over Hkv = 2, a chain of T = 3 nodes plus a side branch (node 3, child
+    of the root), Dh = 8, cache_len (5, 2), Lmax = 12; NaN in every unused position."""
+    from lantern import ops
+
+    g = torch.Generator().manual_seed(4)
+    B, H, Hkv, T, Dh, Lmax = 2, 4, 2, 4, 8, 12
+    q = torch.randn(B, H, T, Dh, generator=g)
+    k, v = torch.randn(B, Hkv, Lmax, Dh, generator=g), torch.randn(B, Hkv, Lmax, Dh, generator=g)
+    cache_len = torch.tensor([5, 2])
+    for b in range(B):
+        k[b, :, int(cache_len[b]) + T:] = math.nan
+        v[b, :, int(cache_len[b]) + T:] = math.nan
+    mask = ops.ancestor_mask(torch.tensor([[-1, 0, 1, 0]] * B))
+    return q, k, v, cache_len, mask
+
+
+CORRUPTIONS = {  # name -> (where to write, what, the (b, h, t) queries that must come out NaN)
+    "nan-prefix-key": (("k", 0, 1, 2, 3), math.nan, [(0, h, t) for h in (2, 3) for t in range(4)]),
+    "inf-prefix-key": (("k", 1, 0, 0, 0), math.inf, [(1, h, t) for h in (0, 1) for t in range(4)]),
+    "neg-inf-prefix-key": (("k", 1, 0, 1, 5), -math.inf, [(1, h, t) for h in (0, 1) for t in range(4)]),
+    "nan-prefix-value": (("v", 0, 0, 4, 7), math.nan, [(0, h, t) for h in (0, 1) for t in range(4)]),
+    # node 3 (the side branch) of row 0 sits at position 5 + 3: only node 3 attends to it
+    "inf-branch-value": (("v", 0, 1, 8, 0), math.inf, [(0, 2, 3), (0, 3, 3)]),
+    "nan-branch-key": (("k", 0, 0, 8, 0), math.nan, [(0, 0, 3), (0, 1, 3)]),
+    # node 1 of row 1 (position 2 + 1): read by nodes 1 and 2
+    "nan-chain-value": (("v", 1, 0, 3, 2), math.nan, [(1, h, t) for h in (0, 1) for t in (1, 2)]),
+    "inf-query": (("q", 1, 2, 0, 4), math.inf, [(1, 2, 0)]),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_non_finite_inputs_give_nan_rows(backend, corruption):
+    """A NaN key is not skipped as if it were absent (a finite output): every backend gives NaN in every element of exactly the queries that read a
+    non-finite score or value, and the other queries are as without the corruption (a value no query
+    attends to cannot leak through 0 x NaN)."""
+    import lantern
+    from lantern import ops
+
+    q, k, v, cache_len, mask = _non_finite_case()
+    with lantern.fused("reference"):
+        clean = ops.tree_attention(q, k, v, cache_len, mask)
+    (name, *index), value, poisoned = CORRUPTIONS[corruption]
+    tensors = {"q": q, "k": k, "v": v}
+    tensors[name][tuple(index)] = value
+    with lantern.fused(backend):
+        got = ops.tree_attention(tensors["q"], tensors["k"], tensors["v"], cache_len, mask)
+    want_nan = torch.zeros(got.shape[:3], dtype=torch.bool)
+    for b, h, t in poisoned:
+        want_nan[b, h, t] = True
+    assert torch.equal(got.isnan().all(-1), want_nan) and torch.equal(got.isnan().any(-1), want_nan)
+    assert torch.allclose(got[~want_nan], clean[~want_nan], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_non_finite_inputs_of_other_dtypes_give_nan_rows(backend, dtype):
+    """float64 values beyond float32's range become inf in the float32 math: the queries reading them are
+    NaN; float16 / bfloat16 infinities likewise (every backend the same)."""
+    import lantern
+    from lantern import ops
+
+    q, k, v, cache_len, mask = (t.to(dtype) if t.is_floating_point() else t for t in _non_finite_case())
+    v[0, 1, 8, 0] = 1e300 if dtype == torch.float64 else math.inf  # row 0's side branch, kv head 1
+    with lantern.fused(backend):
+        got = ops.tree_attention(q, k, v, cache_len, mask)
+    nan_rows = got.isnan().all(-1).nonzero().tolist()
+    assert nan_rows == [[0, 2, 3], [0, 3, 3]] and int(got.isnan().sum()) == 2 * 8
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
+def test_half_precision_nan_value_poisons_the_row(backend, dtype):
+    """A NaN value in a bfloat16 / float16 cache makes its query's whole row NaN on every backend, not only its
+    own column (under the interpreter, bfloat16 NaN compares equal to itself)."""
+    import lantern
+    from lantern import ops
+
+    q, k = torch.ones(1, 1, 1, 3, dtype=dtype), torch.ones(1, 1, 1, 3, dtype=dtype)
+    v = torch.tensor([[[[math.nan, 0.84, -0.72]]]], dtype=dtype)
+    with lantern.fused(backend):
+        out = ops.tree_attention(q, k, v, torch.tensor([0]), ops.ancestor_mask(torch.tensor([[-1]])))
+    assert bool(out.isnan().all())

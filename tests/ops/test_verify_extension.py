@@ -1,6 +1,6 @@
 """lantern._C's verify op (torch.ops.lantern.verify: csrc/cpu/verify.cpp, csrc/cuda) called directly, on
 the backends that use it (cpu, cuda): the kernel's own argument checks, opcheck, torch.compile, and the CPU
-kernel's vocabulary split over threads. Agreement with the reference is tests/ops/test_verify_agreement.py."""
+kernel's vocabulary split over threads. Agreement with the reference is tests/ops/test_verify.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +13,7 @@ from lantern import ops
 from op_cases import random_case, random_neighbours, to_device
 
 pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
-from lantern.ops import fused_cpu  # noqa: E402
+from lantern.ops import extension  # noqa: E402
 
 EXTENSION = backends.params(["cpu", "cuda"])
 
@@ -21,9 +21,9 @@ EXTENSION = backends.params(["cpu", "cuda"])
 @pytest.mark.parametrize("backend", EXTENSION, indirect=True)
 @pytest.mark.no_kernel_check("checks the routing only (resolve), runs no op")
 def test_routed_to_the_extension(backend, device):
-    assert lantern._backend.resolve("verify", device) is fused_cpu.verify
+    assert lantern._backend.resolve("verify", device) is backends.kernel("cpu", "verify")
     with lantern.fused("auto"):
-        assert lantern._backend.resolve("verify", device) is fused_cpu.verify
+        assert lantern._backend.resolve("verify", device) is backends.kernel("cpu", "verify")
 
 
 def with_threads(n, fn):
@@ -42,8 +42,8 @@ def test_single_row_splits_the_vocabulary_without_changing_results(backend, seed
     passes over the threads (csrc/cpu/verify.cpp). The result must equal the one-thread run bit for bit and
     agree with the reference (pinned: exactly)."""
     args, kwargs = random_case(seed, V=16384, T=9, B=1)
-    one = with_threads(1, lambda: fused_cpu.verify(*args, **kwargs))
-    split = with_threads(4, lambda: fused_cpu.verify(*args, **kwargs))
+    one = with_threads(1, lambda: backends.kernel("cpu", "verify")(*args, **kwargs))
+    split = with_threads(4, lambda: backends.kernel("cpu", "verify")(*args, **kwargs))
     for a, b in zip(one, split):
         assert torch.equal(a, b)
     with lantern.fused("reference"):
@@ -110,7 +110,7 @@ def test_torch_compile_fullgraph(backend, device):
     kwargs["seed"], kwargs["offset"] = torch.tensor(3, device=device), torch.tensor(5, device=device)
 
     def step(logits, tokens, parents, nbrs):
-        r = fused_cpu.verify(logits * 1.0, tokens, parents, nbrs, **kwargs)
+        r = backends.kernel("cpu", "verify")(logits * 1.0, tokens, parents, nbrs, **kwargs)
         return r.accept_len + 0, r.next_token, r.path, r.node_status
 
     torch._dynamo.reset()

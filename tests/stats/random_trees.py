@@ -11,6 +11,7 @@ import torch
 from . import oracle
 from .harness import random_draft, random_neighbours
 from .target64 import guided_logits, target_distribution
+from op_cases import random_tree
 
 
 @dataclass
@@ -60,18 +61,6 @@ class Batch:
                 torch.as_tensor(self.neighbours))
 
 
-def random_parents(rng: np.random.Generator, T: int, pad_rate: float = 0.2) -> np.ndarray:
-    """parents[0] = -1; node i is padding (-1) with probability pad_rate, else a child of an earlier
-    real node (a forest of depth up to T - 1)."""
-    parents = np.full(T, -1, dtype=np.int64)
-    real = [0]
-    for i in range(1, T):
-        if rng.random() >= pad_rate:
-            parents[i] = real[int(rng.integers(len(real)))]
-            real.append(i)
-    return parents
-
-
 def random_tokens(rng: np.random.Generator, parents: np.ndarray, P_of, V: int, draft=None) -> np.ndarray:
     """Distinct sibling tokens: from the drafter row when given, else often the parent's most likely
     tokens (so greedy paths get deep), sometimes any token."""
@@ -113,7 +102,7 @@ def random_batch(seed: int, B: int, T: int, V: int, K: int, relax: oracle.Relaxa
                   top_p=rng.choice([1.0, 0.9, 0.6], size=B), relax=relax)
     batch.draft = np.stack([random_draft(rng, T, V) for _ in range(B)]) if sampled else None
     for b in range(B):
-        batch.parents[b] = random_parents(rng, T)
+        batch.parents[b] = random_tree(rng, T)  # nodes padding w.p. 0.2, else a uniform earlier real node
         batch.tokens[b] = random_tokens(rng, batch.parents[b], lambda n: batch.target(b, n), V,
                                         None if batch.draft is None else batch.draft[b])
     return batch

@@ -1,11 +1,12 @@
-"""Argument checks shared by every backend (SPEC §9): each raises ValueError/TypeError naming the
-argument. Data-dependent checks (token ranges, tree order, NaN) inspect values, which costs a host
+"""The argument checks' building blocks, shared by the op modules (each op's own checks are its module's
+``check``; SPEC §9): each raises ValueError/TypeError naming the argument. Data-dependent checks (token ranges, tree order, NaN) inspect values, which costs a host
 sync on GPU tensors; they run once here, before any backend, so all backends raise the same errors.
 Type, shape, dtype and device checks always run; the value scans run in eager mode only (``scan_values``)."""
 from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import threading
 import weakref
 from typing import Optional, Sequence
@@ -242,11 +243,164 @@ def _parents_valid(parents: torch.Tensor) -> bool:
     return not bool(bad)
 
 
-from .checks_verify import check_philox, check_process_logits, check_verify  # noqa: E402,F401
-from .checks_continuous import check_continuous_verify  # noqa: E402,F401
-from .checks_tree import (  # noqa: E402,F401
-    check_build_tree,
-    check_compact_kv,
-    check_latent_neighbours,
-    check_tree_attention,
-)
+def int_arg(name: str, value, lo: int, hi: int) -> int:
+    """A Python (or numpy) integer, not a bool, with lo <= value <= hi."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {int(value)}")
+    return int(value)
+
+
+def last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
+
+
+# ---- settings shared by process_logits, verify, philox_uniform and continuous_verify (SPEC §1, §5, §9) ----
+
+# Every backend computes §1 in float32 or finer: the triton backend narrows float64 logits and settings to
+# float32 (docs/semantics.md "Precision"). So the checks bound inputs and settings by what float32 holds.
+# float32 rounding of a positive double x: inf iff x >= 2^128 - 2^103 (FLT_MAX plus half an ulp), 0 iff
+# x <= 2^-150.
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+FLOAT32_UNDERFLOW = 2.0**-150
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+INT64_END = 2**63
+
+
+def fits_float32(x) -> bool:
+    """Whether the number x is finite in float32 (an int too large for a double is not)."""
+    try:
+        x = float(x)
+    except OverflowError:
+        return False
+    return math.isfinite(x) and abs(x) < FLOAT32_OVERFLOW
+
+
+def _plain_settings_valid(cfg_scale, temperature, top_k, top_p) -> bool:
+    """Python numbers that every backend represents and accepts (the common case of every decoding step:
+    decided without tensor work)."""
+    numbers = [v for v in (cfg_scale, temperature, top_k, top_p) if not isinstance(v, torch.Tensor)]
+    return (len(numbers) == 4 and fits_float32(cfg_scale) and fits_float32(temperature)
+            and (temperature == 0 or temperature > FLOAT32_UNDERFLOW) and 0 <= top_k < INT64_END and 0 < top_p <= 1)
+
+
+def check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, V, device) -> None:
+    """cfg_scale finite and temperature 0 or positive, both in float32 (a setting that overflows the
+    kernels' type, or a temperature that rounds to 0 there, would mean something else on each backend);
+    top_k an int64 >= 0; top_p in (0, 1]."""
+    per_row("cfg_scale", cfg_scale, B, device)
+    per_row("temperature", temperature, B, device)
+    per_row("top_k", top_k, B, device, integer=True)
+    per_row("top_p", top_p, B, device)
+    if not scan_values() or _plain_settings_valid(cfg_scale, temperature, top_k, top_p):
+        return
+    s = values(cfg_scale)
+    if not bool(torch.isfinite(s).all()):
+        raise ValueError(f"cfg_scale must be finite, got {cfg_scale}")
+    if not bool(torch.isfinite(s.float()).all()):
+        raise ValueError(f"cfg_scale must be finite in float32 (the kernels' type), got {cfg_scale}")
+    t = values(temperature)
+    if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    if not bool(torch.isfinite(t.float()).all()):
+        raise ValueError(f"temperature must be finite in float32 (the kernels' type), got {temperature}")
+    if bool(((t > 0) & (t.float() == 0)).any()):
+        raise ValueError(f"temperature must be 0 (greedy) or a positive value that stays positive in float32, "
+                         f"got {temperature} (it rounds to 0)")
+    if isinstance(top_k, torch.Tensor):
+        negative = bool((top_k.detach().to("cpu", torch.int64) < 0).any())  # uint64 >= 2^63 wraps negative
+    else:
+        negative = not 0 <= top_k < INT64_END
+    if negative:
+        raise ValueError(f"top_k must be in [0, 2^63) (0 = off), got {top_k}")
+    p = values(top_p)
+    if not bool(((p > 0) & (p <= 1)).all()):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def _logit_range(name: str, t: torch.Tensor):
+    """(least, largest) value of ``t`` as floats, in one pass. NaN and +inf raise (-inf is a masked token),
+    and so do finite values beyond float32's range (float64 logits are narrowed to float32 by a backend)."""
+    least, most = (float(v) for v in torch.aminmax(t.detach()))
+    if math.isnan(least) or math.isnan(most) or most == math.inf:
+        raise ValueError(f"{name} contains NaN or +inf values")
+    if most >= FLOAT32_OVERFLOW or -math.inf < least <= -FLOAT32_OVERFLOW:
+        raise ValueError(f"{name} holds finite values beyond float32's range ({least}, {most}); every backend "
+                         f"must be able to compute in float32")
+    return least, most
+
+
+def check_logits_pair(logits, uncond_logits, name="logits", ndim=None):
+    """Shapes and dtypes; when values are scanned, no NaN / +inf and the range of every value, returned
+    as [(least, largest)] (one per tensor; None when not scanned)."""
+    tensor(name, logits, dtypes=FLOAT_DTYPES, ndim=ndim)
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"{name} must have a non-empty last (vocabulary) dimension, got {list(logits.shape)}")
+    if uncond_logits is not None:
+        tensor("uncond_logits", uncond_logits, dtypes=FLOAT_DTYPES, device=logits.device,
+                 shape=list(logits.shape))
+    if not scan_values() or logits.numel() == 0:
+        return None
+    ranges = [_logit_range(name, logits)]
+    if uncond_logits is not None:
+        ranges.append(_logit_range("uncond_logits", uncond_logits))
+    return ranges
+
+
+def _least_divisor(temperature) -> float:
+    """The smallest number a row's logits are divided by: its temperature, or 1 for a greedy row."""
+    t = values(temperature)
+    return float(torch.where(t > 0, t, torch.ones_like(t)).min())
+
+
+def check_processed_logits(logits, uncond_logits, cfg_scale, temperature, ranges, name="logits") -> None:
+    """SPEC §1 gives a distribution only if every row's processed logits l = (lu + s (lc - lu)) / temperature
+    have a finite maximum. Finite inputs can still overflow float32 (logits near its largest value, a huge
+    cfg_scale, a tiny temperature): l then holds NaN or +inf, and each backend would make something else of
+    it. A row with every token masked (-inf after guidance) has no distribution at all. Both raise
+    ValueError, the same on every backend. The test is made in float32 (float64 inputs narrowed), the
+    coarsest type a backend computes in: inputs and settings that pass it cannot overflow float64 either.
+    ``ranges``: the inputs' (least, largest) values, from ``check_logits_pair``. A cheap bound settles the
+    common case (no -inf anywhere, no possible overflow) without a pass over the logits; otherwise the
+    processed logits are computed as the reference does."""
+    if ranges is None:
+        return
+    if all(lo > -math.inf for lo, _ in ranges):
+        largest = max(max(abs(lo), abs(hi)) for lo, hi in ranges)
+        scale = float(values(cfg_scale).abs().max()) if uncond_logits is not None else 0.0
+        bound = largest * (1 + 2 * scale) / _least_divisor(temperature)  # |l| at any step (double: no overflow)
+        if bound <= FLOAT32_MAX / 4:  # l - max l stays finite too
+            return
+    from .reference.process_logits import guide, row_setting
+
+    narrow = lambda t: None if t is None else t.detach().float()  # noqa: E731
+    with torch.no_grad():
+        guided = guide(narrow(logits), narrow(uncond_logits), cfg_scale)  # [..., V] float32
+        temp = row_setting(temperature, guided, torch.float32)
+        scaled = guided / torch.where(temp == 0, torch.ones_like(temp), temp)  # greedy rows are not divided
+        top = scaled.amax(-1)  # [...] each row's largest processed logit
+    bad = ~(top < math.inf) | torch.isnan(scaled).any(-1)
+    if bool(bad.any()):
+        row = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name}: guidance and temperature overflow float32: the processed logits (uncond_logits + cfg_scale "
+            f"* ({name} - uncond_logits)) / temperature of row {row} hold NaN or +inf; use a smaller cfg_scale or "
+            f"a larger temperature (or smaller logits)")
+    masked = top == -math.inf
+    if bool(masked.any()):
+        row = tuple(int(i) for i in masked.nonzero()[0])
+        raise ValueError(f"{name}: row {row} has every token masked (-inf after guidance): it has no distribution")
+
+
+def check_counter(name: str, value, bits: int) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_floating_point():
+            raise ValueError(f"{name} must be an int or a one-element integer tensor, got {value.dtype} "
+                             f"{list(value.shape)}")
+        return  # a tensor's value is read inside the op (no host sync here)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or a one-element integer tensor, got {type(value).__name__}")
+    if not 0 <= value < 2**bits:
+        raise ValueError(f"{name} must be in [0, 2^{bits}), got {value}")

@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import _backend
 
-
-@_backend.register("reference", "compact_kv")
 def compact_kv(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor,
                n_keep: torch.Tensor) -> torch.Tensor:
     """cache [..., B, Hkv, Lmax, Dh] (e.g. [n_layers, 2, B, Hkv, Lmax, Dh]: every layer's K and V) is

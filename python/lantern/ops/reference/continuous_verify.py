@@ -29,7 +29,6 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ... import _backend
 from .noise import PURPOSE_ACCEPT, PURPOSE_RESIDUAL, box_muller, noise_counters
 from .philox import philox_uniform
 
@@ -92,7 +91,6 @@ def default_keys(B: int, N: int, device: torch.device, rows: Optional[torch.Tens
     return rows.to(torch.int64), positions.to(torch.int64)
 
 
-@_backend.register("reference", "continuous_verify")
 def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule: str = "exact",
                       bandwidth: float = 1.0, sigma_ratio: str = "paper", max_tries: int = DEFAULT_MAX_TRIES,
                       seed: int = 0, offset: int = 0, *, rows: Optional[torch.Tensor] = None,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import _backend
 
 ROW_TILE = 256
 COL_TILE = 4096
@@ -67,7 +66,6 @@ def tile_top_k(rows: torch.Tensor, row_ids: torch.Tensor, codes: torch.Tensor, K
     return (best & 0xFFFFFFFF).to(torch.int32)  # low 32 bits: the neighbour id
 
 
-@_backend.register("reference", "latent_neighbours")
 def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -> torch.Tensor:
     """codebook [V, d] float -> int32 [V, K]: row x lists the K codes y != x with the smallest
     (squared float32 distance, y), nearest first (SPEC §2). See the module docstring for ``normalize``."""

@@ -9,7 +9,6 @@ from typing import Union
 
 import torch
 
-from ... import _backend
 
 MASK32 = 0xFFFFFFFF
 ROUND_A, ROUND_B = 0xD2511F53, 0xCD9E8D57
@@ -63,7 +62,6 @@ def exponential_key(u: torch.Tensor) -> torch.Tensor:
     return -torch.log1p(-u.to(torch.float32))
 
 
-@_backend.register("reference", "philox_uniform")
 def philox_uniform(seed: IntLike, c0: IntLike, c1: IntLike, c2: IntLike, c3: IntLike) -> torch.Tensor:
     """float32 uniforms in [0, 1) for counters (c0, c1, c2, c3), broadcast together."""
     return uint_to_uniform(philox_word0(seed, c0, c1, c2, c3))

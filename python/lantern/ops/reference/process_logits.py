@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from ... import _backend
-
 
 def compute_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -73,7 +71,6 @@ def _is_on(setting, on) -> bool:
     return bool(on(torch.as_tensor(setting)).any())
 
 
-@_backend.register("reference", "process_logits")
 def process_logits(logits, uncond_logits=None, cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0):
     """[..., V] logits -> [..., V] probabilities (float32, or float64 for float64 logits).
     Rows with temperature 0 (greedy) get the unfiltered softmax of the guided logits."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from ... import _backend
 from .. import checks
 
 
@@ -48,7 +47,6 @@ def unpack_bits(words: torch.Tensor, T: int) -> torch.Tensor:
     return ((word_of_j >> (j % 32)) & 1).bool()
 
 
-@_backend.register("reference", "ancestor_mask")
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """parents [B, T] int64 -> int32 [B, T, ceil(T/32)]: bit j of node i set iff j is i or an ancestor."""
     return pack_bits(ancestor_matrix(parents))
@@ -70,7 +68,6 @@ def selection_is_ancestor_closed(cand_parents: torch.Tensor, chosen: torch.Tenso
     return ((chosen_parents < 0) | parent_chosen).all(dim=1)
 
 
-@_backend.register("reference", "build_tree")
 def build_tree(cand_tokens: torch.Tensor, cand_parents: torch.Tensor, cand_scores: torch.Tensor,
                root_token: torch.Tensor, n_nodes: int):
     """EAGLE-2 tree selection -> (tokens [B, n_nodes+1] int64, parents [B, n_nodes+1] int64).

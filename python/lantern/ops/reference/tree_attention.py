@@ -8,7 +8,6 @@ import math
 
 import torch
 
-from ... import _backend
 from .tree import unpack_bits
 
 
@@ -33,7 +32,6 @@ def poisoned_queries(scores: torch.Tensor, vals: torch.Tensor, allowed: torch.Te
     return bad_score | (allowed[:, None] & bad_value[:, :, None, :]).any(-1)
 
 
-@_backend.register("reference", "tree_attention")
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_len: torch.Tensor,
                    tree_mask: torch.Tensor) -> torch.Tensor:
     """q [B, H, T, Dh], k_cache/v_cache [B, Hkv, Lmax, Dh], cache_len [B] int64, tree_mask [B, T, W] int32

@@ -12,7 +12,6 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ... import _backend
 from .philox import ACCEPT_COUNTER, exponential_key, philox_uniform
 from .process_logits import compute_dtype, guide, process_logits, row_setting
 
@@ -186,7 +185,6 @@ def _empty_result(T: int, device) -> VerifyResult:
                         torch.empty(0, T, dtype=torch.int8, device=device))
 
 
-@_backend.register("reference", "verify")
 def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
            top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam: Optional[float] = None,
            budget="candidate", seed=0, offset=0, rows=None, faults=()) -> VerifyResult:

@@ -18,9 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from lantern import _backend
-from lantern.ops import library
-from lantern.ops.reference.continuous_verify import ContinuousVerifyResult
 from lantern.ops.reference.noise import HALF_BIT, PURPOSE_ACCEPT, PURPOSE_RESIDUAL
 
 from ._common import interpreting, launcher, next_power_of_2
@@ -108,13 +105,12 @@ def _continuous_verify_kernel(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, log
     tl.store(tries + m, n_tries, mask=m_ok)
 
 
-def _launch(draft: torch.Tensor, mu_p: torch.Tensor, sigma_p: torch.Tensor, mu_q: torch.Tensor,
-            sigma_q: torch.Tensor, logsig_p: torch.Tensor, logsig_q: torch.Tensor, rows: torch.Tensor,
-            positions: torch.Tensor, rule: str, bandwidth: float, sigma_ratio: str, max_tries: int,
-            seed: torch.Tensor, offset: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def launch(draft: torch.Tensor, mu_p: torch.Tensor, sigma_p: torch.Tensor, mu_q: torch.Tensor,
+           sigma_q: torch.Tensor, logsig_p: torch.Tensor, logsig_q: torch.Tensor, rows: torch.Tensor,
+           positions: torch.Tensor, rule: str, bandwidth: float, sigma_ratio: str, max_tries: int,
+           seed: torch.Tensor, offset: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op's kernel, with the schema's arguments (checks already ran). The annotations spell the op's
-    schema (``library.SCHEMAS``): torch versions whose triton_op ignores ``schema=`` infer it from them."""
-    _backend.count_kernel("triton", "continuous_verify")
+    schema (``SCHEMA`` of ``lantern.ops.continuous_verify_op``): torch versions whose triton_op ignores ``schema=`` infer it from them."""
     B, N, C = draft.shape
     dev = draft.device
     tokens = torch.empty(B, N, C, dtype=torch.float32, device=dev)
@@ -138,15 +134,3 @@ def _launch(draft: torch.Tensor, mu_p: torch.Tensor, sigma_p: torch.Tensor, mu_q
     else:  # no FMA contraction: the densities round as the CPU kernel's separate operations
         kernel(*call, **flags, enable_fp_fusion=False)
     return tokens, accepted, tries
-
-
-library.declare_triton("continuous_verify", _launch, interpreting())
-
-
-def continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule="exact", bandwidth=1.0,
-                      sigma_ratio="paper", max_tries=1000, seed=0, offset=0, *, rows=None, positions=None):
-    """The Triton continuous_verify (the op ``lantern_triton::continuous_verify``, one launch for the block);
-    see ``lantern.ops.continuous_verify``."""
-    return ContinuousVerifyResult(*torch.ops.lantern_triton.continuous_verify(*library.continuous_verify_args(
-        draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rule, bandwidth, sigma_ratio, max_tries, seed,
-        offset, rows, positions)))

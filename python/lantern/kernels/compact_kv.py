@@ -14,8 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lantern import _backend
-from lantern.ops import checks, library
+from lantern.ops import checks
 
 from ._common import interpreting, launcher, next_power_of_2
 
@@ -45,11 +44,10 @@ def _compact_kv_kernel(cache, cache_len, path_nodes, n_keep, new_len, B, Hkv, Lm
         tl.store(new_len + b, length + kept)
 
 
-def _launch(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor,
-            n_keep: torch.Tensor) -> torch.Tensor:
+def launch(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor,
+           n_keep: torch.Tensor) -> torch.Tensor:
     """cache [..., B, Hkv, Lmax, Dh] contiguous (modified in place), cache_len [B] int64, path_nodes [B, P]
     int64 (any strides), n_keep [B] int64 -> new lengths [B] (checks already ran)."""
-    _backend.count_kernel("triton", "compact_kv")
     # programs read cache_len, n_keep and path_nodes while others write the cache: they must not share memory
     checks.not_overlapping("cache", cache, cache_len=cache_len, path_nodes=path_nodes, n_keep=n_keep)
     B, Hkv, Lmax, Dh = cache.shape[-4:]
@@ -64,12 +62,3 @@ def _launch(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tens
                                                 path_nodes.stride(0), path_nodes.stride(1), BLOCK_P=block_p,
                                                 BLOCK_D=block_d)
     return new_len
-
-
-library.declare_triton("compact_kv", _launch, interpreting())
-
-
-def compact_kv(cache: torch.Tensor, cache_len: torch.Tensor, path_nodes: torch.Tensor,
-               n_keep: torch.Tensor) -> torch.Tensor:
-    """The op ``lantern_triton::compact_kv`` (see ``_launch``)."""
-    return torch.ops.lantern_triton.compact_kv(cache, cache_len, path_nodes, n_keep)

@@ -29,8 +29,6 @@ import torch
 import triton
 import triton.language as tl
 
-from lantern import _backend
-from lantern.ops import library
 
 from ._common import configs, interpreting, launcher, next_power_of_2
 
@@ -153,11 +151,10 @@ def _tree_attention_kernel(q, k, v, o, cache_len, tree_mask,
     tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_len: torch.Tensor,
-            tree_mask: torch.Tensor) -> torch.Tensor:
+def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_len: torch.Tensor,
+           tree_mask: torch.Tensor) -> torch.Tensor:
     """q [B, H, T, Dh], k_cache/v_cache [B, Hkv, Lmax, Dh] (any strides, last one 1), cache_len [B] int64,
     tree_mask [B, T, ceil(T/32)] int32 -> o [B, H, T, Dh] contiguous, q's dtype (checks already ran)."""
-    _backend.count_kernel("triton", "tree_attention")
     B, H, T, Dh = q.shape
     Hkv = k_cache.shape[1]
     group = H // Hkv
@@ -174,12 +171,3 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache
         UPCAST=q.dtype == torch.float64, BF16_AS_F32=interpreting() and q.dtype == torch.bfloat16,
     )
     return o
-
-
-library.declare_triton("tree_attention", _launch, interpreting())
-
-
-def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_len: torch.Tensor,
-                   tree_mask: torch.Tensor) -> torch.Tensor:
-    """The op ``lantern_triton::tree_attention`` (see ``_launch``)."""
-    return torch.ops.lantern_triton.tree_attention(q, k_cache, v_cache, cache_len, tree_mask)

@@ -30,9 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from lantern import _backend
-from lantern.ops import library
-from lantern.ops.reference.verify import VerifyResult
 
 from ._common import configs, launcher
 from ._jit import (_argmax, _argmin, _cumsum, _device, _exp, _exponential_key, _interpreting, _max, _min,  # noqa: F401
@@ -543,11 +540,11 @@ GPU_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w) for bv in (1024, 2048
 _autotuned = triton.autotune(configs(GPU_CONFIGS, GPU_CONFIGS[0]), key=["V", "HAS_UNCOND", "SAMPLED"])(_verify_kernel)
 
 
-def _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs, k,
+def run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs, k,
          delta, lam, node_budget, seed, offset, rows, radix_bits: int):
-    """One launch for the batch, with the schema's arguments (settings [B], seed / offset 0-d int64, rows
+    """One launch for the batch, with the schema's arguments and the radix digit width (4 or 8; ``launch`` passes
+    this device's; the tests also run the other width under the interpreter) (settings [B], seed / offset 0-d int64, rows
     int64 [B] or None)."""
-    _backend.count_kernel("triton", "verify")
     B, T, V = logits.shape
     dev = logits.device
     logits = logits.contiguous()
@@ -581,30 +578,12 @@ def _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperat
     return accept_len, path, next_token, status
 
 
-def _launch(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, neighbours: Optional[torch.Tensor],
-            uncond_logits: Optional[torch.Tensor], cfg_scale: torch.Tensor, temperature: torch.Tensor,
-            top_k: torch.Tensor, top_p: torch.Tensor, draft_probs: Optional[torch.Tensor], k: int, delta: float,
-            lam: Optional[float], node_budget: bool, seed: torch.Tensor, offset: torch.Tensor,
-            rows: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The op's kernel: ``_run`` with this device's radix digit width. The annotations spell the op's schema
-    (``library.SCHEMAS``): torch versions whose triton_op ignores ``schema=`` infer it from them."""
-    return _run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
-                draft_probs, k, delta, lam, node_budget, seed, offset, rows, RADIX_BITS)
-
-
-library.declare_triton("verify", _launch, _interpreting())
-
-
-def verify(logits, tokens, parents, neighbours=None, *, uncond_logits=None, cfg_scale=1.0, temperature=1.0,
-           top_k=0, top_p=1.0, draft_probs=None, k=0, delta=0.0, lam=None, budget="candidate", seed=0,
-           offset=0, rows=None, radix_bits=None) -> VerifyResult:
-    """The Triton verify (the op ``lantern_triton::verify``, one launch for the batch); see
-    ``lantern.ops.verify``. Computes in float32 for every logits dtype.
-
-    ``radix_bits`` (4 or 8; a testing hook, not part of the public op) overrides the radix digit width: the
-    kernel is then launched directly, not through the op."""
-    args = library.verify_args(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k,
-                               top_p, draft_probs, k, delta, lam, budget, seed, offset, torch.float32, rows)
-    if radix_bits is not None:
-        return VerifyResult(*_run(*args, radix_bits))
-    return VerifyResult(*torch.ops.lantern_triton.verify(*args))
+def launch(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, neighbours: Optional[torch.Tensor],
+           uncond_logits: Optional[torch.Tensor], cfg_scale: torch.Tensor, temperature: torch.Tensor,
+           top_k: torch.Tensor, top_p: torch.Tensor, draft_probs: Optional[torch.Tensor], k: int, delta: float,
+           lam: Optional[float], node_budget: bool, seed: torch.Tensor, offset: torch.Tensor,
+           rows: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op's kernel: ``run`` with this device's radix digit width. The annotations spell the op's schema
+    (``SCHEMA`` of ``lantern.ops.verify_op``): torch versions whose triton_op ignores ``schema=`` infer it from them."""
+    return run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p,
+               draft_probs, k, delta, lam, node_budget, seed, offset, rows, RADIX_BITS)

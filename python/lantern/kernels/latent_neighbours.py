@@ -29,8 +29,6 @@ import torch
 import triton
 import triton.language as tl
 
-from lantern import _backend
-from lantern.ops import library
 from lantern.ops.reference.latent_neighbours import codebook_float32
 
 from ._common import configs, interpreting, launcher, next_power_of_2
@@ -154,9 +152,8 @@ def _neighbours_kernel(codes, codes_t, out, V, K, D: tl.constexpr, KP: tl.conste
         _order_rows(codes, out, order_ids, order_ids < V, K, D, KP, CHUNK)
 
 
-def _launch(codebook: torch.Tensor, K: int, normalize: bool) -> torch.Tensor:
+def launch(codebook: torch.Tensor, K: int, normalize: bool) -> torch.Tensor:
     """codebook [V, d] float -> int32 [V, K], equal to the reference's table (checks already ran)."""
-    _backend.count_kernel("triton", "latent_neighbours")
     codes = codebook_float32(codebook, normalize).contiguous()  # [V, d] float32
     codes_t = codes.t().contiguous()  # [d, V]: a column tile's coordinate j is contiguous
     V, d = codes.shape
@@ -170,11 +167,3 @@ def _launch(codebook: torch.Tensor, K: int, normalize: bool) -> torch.Tensor:
     launcher(_neighbours_kernel)[grid](codes, codes_t, out, V, K, D=d, KP=KP, ORDER_ROWS=order_rows, CHUNK=chunk,
                                           RADIX=RADIX_BITS, PASSES=N_PASSES, enable_fp_fusion=False)
     return out
-
-
-library.declare_triton("latent_neighbours", _launch, interpreting())
-
-
-def latent_neighbours(codebook: torch.Tensor, K: int, normalize: bool = False) -> torch.Tensor:
-    """The op ``lantern_triton::latent_neighbours`` (see ``_launch``)."""
-    return torch.ops.lantern_triton.latent_neighbours(codebook, int(K), bool(normalize))

@@ -1,1 +1,0 @@
-"""Triton kernels for lantern's fused ops, one module per op; they arrive in a later issue."""
