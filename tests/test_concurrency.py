@@ -8,7 +8,7 @@ the neighbour cache at once.
   own choice (it is per thread, docs/usage.md "Public API") and every result is the reference's;
 - writer processes that rebuild a neighbour table in a loop while reader processes read it: no error, no
   warning (a reader that saw half a file would warn and rebuild) and every table read is the right one
-  (tests/test_hardening.py::test_7_concurrent_writers_and_readers does the same with threads).
+  (tests/decoding/test_neighbours_cache.py::test_concurrent_cache_writers_and_readers does the same with threads).
 """
 from __future__ import annotations
 
