@@ -22,8 +22,7 @@ from lantern.decoding.proposers import new_state
 from lantern.decoding.state import DecodeState
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter
-from lantern.ops import (continuous_verify_op, library, philox_uniform_op, self_check, triton_backend,
-                         verify_op)
+from lantern.ops import continuous_verify_op, library, philox_uniform_op, self_check, triton_backend, verify_op
 from lantern.ops.reference.tree import ancestor_mask
 
 CPU = torch.device("cpu")

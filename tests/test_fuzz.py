@@ -63,8 +63,16 @@ import lantern
 from lantern import ops
 from lantern.decoding import costs
 from lantern.decoding.planner import FAMILIES, AcceptanceModel, Planner, candidate_plans, jacobi_plans
-from op_cases import attention_inputs, compact_case, continuous_block, integer_codebook, random_case, random_codebook, \
-    random_expansion, random_parents
+from op_cases import (
+    attention_inputs,
+    compact_case,
+    continuous_block,
+    integer_codebook,
+    random_case,
+    random_codebook,
+    random_expansion,
+    random_parents,
+)
 
 # numpy's floating-point warnings (overflow / invalid value encountered in ...): the edge values are
 # meant to overflow, in the interpreter's numpy arithmetic and in numpy scalars alike

@@ -16,7 +16,6 @@ from lantern import ops
 from op_cases import attention_case, compact_case, continuous_block, random_case, random_codebook
 
 pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
-from lantern.ops import extension  # noqa: E402
 
 THREADS = (1, 2)
 

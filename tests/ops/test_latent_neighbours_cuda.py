@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lantern.ops.reference import latent_neighbours as reference
 from backends import cuda_kernel_marks
-
+from lantern.ops.reference import latent_neighbours as reference
 
 pytestmark = cuda_kernel_marks("latent_neighbours")
 

@@ -7,8 +7,8 @@ import torch
 
 import backends
 from lantern import ops
-from op_cases import PHILOX_KNOWN_ANSWERS
 from lantern.ops.reference import philox as ref
+from op_cases import PHILOX_KNOWN_ANSWERS
 
 PHILOX = backends.params(["reference", "cpu", "cuda"])
 

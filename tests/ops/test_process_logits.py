@@ -11,7 +11,6 @@ import lantern
 from lantern import ops
 from op_cases import to_device
 
-
 BAD_PROCESS = [
     (dict(logits=torch.tensor([1.0, math.nan])), ValueError, "logits"),
     (dict(logits=torch.tensor([1.0, math.inf])), ValueError, "logits"),

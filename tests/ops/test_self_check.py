@@ -15,18 +15,23 @@ import torch
 import backends
 import lantern
 from lantern import _backend, ops
-from lantern.ops import (compact_kv_op, continuous_verify_op, latent_neighbours_op, philox_uniform_op,
-                         tree_attention_op, verify_op)
-from lantern.ops import self_check
-from lantern.ops.reference.latent_neighbours import latent_neighbours as reference_neighbours
-from lantern.ops.reference.process_logits import guide
+from lantern.ops import (
+    compact_kv_op,
+    continuous_verify_op,
+    latent_neighbours_op,
+    philox_uniform_op,
+    self_check,
+    tree_attention_op,
+    verify_op,
+)
 from lantern.ops.reference.continuous_verify import FAULTS as CONTINUOUS_FAULTS
 from lantern.ops.reference.continuous_verify import continuous_verify as reference_continuous_verify
+from lantern.ops.reference.latent_neighbours import latent_neighbours as reference_neighbours
+from lantern.ops.reference.process_logits import guide
 from lantern.ops.reference.verify import FAULTS
 from lantern.ops.reference.verify import verify as reference_verify
 
 pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
-from lantern.ops import extension  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -3,7 +3,8 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lantern
 from op_cases import random_expansion, random_parents

@@ -12,6 +12,7 @@ import json
 import textwrap
 
 import pytest
+
 from triton_compile import run_compile_script
 
 pytest.importorskip("triton")

@@ -32,9 +32,23 @@ import torch
 import backends
 import lantern
 from lantern import ops
-from op_cases import (AGREEMENT, FLOAT64_COMPUTE, FLOAT64_EXACT, LLAMAGEN_SETTINGS, PINNED, PINNED_SMALL, agreement,
-                      llamagen_case, narrowed, pinned_id, random_case, random_cases, rows_agree, to_device,
-                      verify_pair)
+from op_cases import (
+    AGREEMENT,
+    FLOAT64_COMPUTE,
+    FLOAT64_EXACT,
+    LLAMAGEN_SETTINGS,
+    PINNED,
+    PINNED_SMALL,
+    agreement,
+    llamagen_case,
+    narrowed,
+    pinned_id,
+    random_case,
+    random_cases,
+    rows_agree,
+    to_device,
+    verify_pair,
+)
 from stats import oracle, philox_ref
 from stats.harness import backend_verify
 from stats.random_trees import random_batch

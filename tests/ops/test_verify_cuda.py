@@ -18,7 +18,6 @@ from lantern import ops
 from lantern.ops.reference.verify import VerifyResult
 from op_cases import AGREEMENT, agreement, random_case, random_neighbours, to_device
 
-
 pytestmark = cuda_kernel_marks("verify")
 
 

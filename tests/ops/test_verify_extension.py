@@ -13,7 +13,6 @@ from lantern import ops
 from op_cases import random_case, random_neighbours, to_device
 
 pytest.importorskip("lantern._C", reason="lantern._C is not built (pip install --no-build-isolation -e .)")
-from lantern.ops import extension  # noqa: E402
 
 EXTENSION = backends.params(["cpu", "cuda"])
 

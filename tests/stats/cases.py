@@ -1,7 +1,7 @@
 """The fixed test cases of the statistical suite (small V, depth <= 3), built from seeded generators."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 

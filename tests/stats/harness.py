@@ -25,17 +25,16 @@ test_negative_controls.py checks that replay catches every deliberate fault. Wit
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
-from typing import Callable, List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
 
+import backends
 import lantern
 from lantern.ops.reference import verify as reference_verify_module
 from lantern.ops.reference.verify import VerifyResult
-
-import backends
 
 from . import oracle
 from .target64 import target_distributions

@@ -2,16 +2,17 @@
 tests. Everything is numpy, generated from one integer seed so hypothesis can shrink over it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
+from op_cases import random_tree
+
 from . import oracle
 from .harness import random_draft, random_neighbours
 from .target64 import guided_logits, target_distribution
-from op_cases import random_tree
 
 
 @dataclass

@@ -5,6 +5,7 @@ seen are far beyond 2x (typically 10x-1000x), so they also hold for other seeds.
 from __future__ import annotations
 
 import pytest
+
 from lantern.ops.reference.verify import verify as reference_verify
 
 from . import oracle

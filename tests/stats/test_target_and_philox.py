@@ -9,7 +9,7 @@ import torch
 import lantern
 
 from . import philox_ref
-from .target64 import target_distribution, top_p_keep
+from .target64 import target_distribution
 
 SETTINGS = [  # (cfg_scale, temperature, top_k, top_p)
     (1.0, 1.0, 0, 1.0), (3.0, 1.0, 0, 1.0), (1.5, 0.7, 0, 1.0), (1.0, 1.0, 5, 1.0), (1.0, 1.0, 0, 0.8),

@@ -5,7 +5,6 @@ Every assertion here is a calibrated G-test (gtest.py) with false-failure rate <
 controls (test_negative_controls.py) run the same checks on deliberately broken walks and must fail."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

@@ -10,7 +10,7 @@ import torch
 from . import oracle
 from .cases import PrefixModel, sample_static_trees
 from .gtest import GTest, conditional_g_test, g_test
-from .harness import Case, draws_for, cell_labels, emitted_tokens, outcome_counts, run_copies, run_rows
+from .harness import Case, cell_labels, draws_for, emitted_tokens, outcome_counts, run_copies, run_rows
 
 
 def tokens_after_each_node(result, tokens, T: int, V: int) -> np.ndarray:

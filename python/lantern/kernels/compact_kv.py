@@ -16,7 +16,7 @@ import triton.language as tl
 
 from lantern.ops import checks
 
-from ._common import interpreting, launcher, next_power_of_2
+from ._common import launcher, next_power_of_2
 
 TILE_ELEMENTS = 8192  # BLOCK_P * BLOCK_D: the register tile of one load/store round
 

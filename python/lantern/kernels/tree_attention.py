@@ -29,7 +29,6 @@ import torch
 import triton
 import triton.language as tl
 
-
 from ._common import configs, interpreting, launcher, next_power_of_2
 
 LOG2_E = 1.4426950408889634

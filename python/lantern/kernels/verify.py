@@ -30,10 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-
 from ._common import configs, launcher
-from ._jit import (_argmax, _argmin, _cumsum, _device, _exp, _exponential_key, _interpreting, _max, _min,  # noqa: F401
-                   _sum, _uniform)
+from ._jit import _argmax, _argmin, _cumsum, _device, _exp, _exponential_key, _interpreting, _max, _min, _sum, _uniform  # noqa: F401
 
 # Digit width of the radix passes: 4 bits (8 passes of 16-bin histograms) on a GPU; under the interpreter,
 # where each tl op costs the same whatever its size, 8 bits (4 passes of 256 bins). Both are exact.

@@ -10,8 +10,7 @@ import torch
 from .. import _backend
 from . import checks as c
 from . import library
-from .reference.continuous_verify import (DEFAULT_MAX_TRIES, RULES, SIGMA_RATIOS, ContinuousVerifyResult,
-                                          default_keys)
+from .reference.continuous_verify import DEFAULT_MAX_TRIES, RULES, SIGMA_RATIOS, ContinuousVerifyResult, default_keys
 from .reference.continuous_verify import continuous_verify as reference
 
 ScalarOrTensor = Union[int, float, torch.Tensor]

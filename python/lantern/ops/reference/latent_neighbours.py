@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
 ROW_TILE = 256
 COL_TILE = 4096
 _SELF_KEY = torch.iinfo(torch.int64).max  # a code is never its own neighbour

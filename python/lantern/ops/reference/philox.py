@@ -9,7 +9,6 @@ from typing import Union
 
 import torch
 
-
 MASK32 = 0xFFFFFFFF
 ROUND_A, ROUND_B = 0xD2511F53, 0xCD9E8D57
 KEY_A, KEY_B = 0x9E3779B9, 0xBB67AE85
