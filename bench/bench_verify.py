@@ -111,7 +111,8 @@ def run_cpu(report: Report, quick: bool = False) -> None:
 
         with lantern.fused("cpu"):
             got = public()
-            kernel = lambda: verify_op.OP.caller("cpu")(logits, tokens, parents, neighbours, uncond_logits=uncond, **SETTINGS)
+            kernel = lambda: verify_op.OP.caller("cpu")(logits, tokens, parents, neighbours, uncond_logits=uncond,
+                                                        **SETTINGS)
             times = interleaved_medians({"stream logits+uncond": stream, "cpu (public op)": public,
                                          "cpu kernel": kernel}, repeats=9)
         for name, t in times.items():

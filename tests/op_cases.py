@@ -126,9 +126,11 @@ def random_case(seed: int, V=None, T=None, B=None, dtype=torch.float32):
     kwargs = dict(
         uncond_logits=None if uncond is None else torch.as_tensor(uncond).to(dtype),
         cfg_scale=per_row(torch.full((B,), 2.0), 2.0),
-        temperature=per_row(torch.as_tensor(temp), float(temp[0]) if np.all(temp == temp[0]) else torch.as_tensor(temp)),
+        temperature=per_row(torch.as_tensor(temp),
+                            float(temp[0]) if np.all(temp == temp[0]) else torch.as_tensor(temp)),
         top_k=per_row(torch.as_tensor(top_k), int(top_k[0]) if np.all(top_k == top_k[0]) else torch.as_tensor(top_k)),
-        top_p=per_row(torch.as_tensor(top_p), float(top_p[0]) if np.all(top_p == top_p[0]) else torch.as_tensor(top_p)),
+        top_p=per_row(torch.as_tensor(top_p),
+                      float(top_p[0]) if np.all(top_p == top_p[0]) else torch.as_tensor(top_p)),
         draft_probs=None if draft is None else torch.as_tensor(draft).to(dtype),
         k=k, seed=int(rng.integers(0, 2**63)), offset=int(rng.integers(0, 2**32)),
     )

@@ -1,6 +1,6 @@
 """The ops as torch.library operators (lantern.ops.library, docs/dispatch.md) and a decoding step under
-torch.compile(fullgraph=True): each op's one schema (its module's) in every namespace, every namespace's registrations pass
-torch.library.opcheck (schema, fake tensors, AOT dispatch), the target's cached tree forward and one
+torch.compile(fullgraph=True): each op's one schema (its module's) in every namespace, every namespace's
+registrations pass torch.library.opcheck (schema, fake tensors, AOT dispatch), the target's cached tree forward and one
 speculative / AR step of the decoding loop trace into one graph and give the eager step's results, and the
 value scans of the argument checks are left out while tracing only (shape / dtype checks still run)."""
 from __future__ import annotations

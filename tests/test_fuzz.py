@@ -178,7 +178,8 @@ def check_everywhere(case: Case, names) -> None:
         got = run(backend, case)
         if isinstance(want, Raised) or isinstance(got, Raised):
             assert isinstance(want, Raised) and isinstance(got, Raised), f"{backend}: {got} vs reference {want}"
-            assert got.kind is want.kind and got.message == want.message, f"{backend} raised {got}, the reference {want}"
+            assert got.kind is want.kind and got.message == want.message, (
+                f"{backend} raised {got}, the reference {want}")
             continue
         COMPARE.get(case.op, equal)(want, got, backend, case)
     report = lantern.self_check_report()
@@ -296,7 +297,8 @@ def setting(draw, value, B: int):
         return np.int64(value) if integer else np.float32(value)
     if kind == "0d":
         return torch.tensor(value, dtype=torch.int64 if integer else torch.float64)
-    dtypes = [torch.int64, torch.int32] if integer else [torch.float32, torch.float64] + [torch.float16] * (abs(value) < 6e4)
+    halves = [torch.float16] * (abs(value) < 6e4)  # float16 only where the value fits
+    dtypes = [torch.int64, torch.int32] if integer else [torch.float32, torch.float64] + halves
     chosen = draw(st.sampled_from(dtypes))
     if chosen == torch.int32 and not -2**31 <= value < 2**31:
         return value
@@ -559,7 +561,10 @@ def neighbour_cases(draw, tiny):
     V, d = draw(st.integers(1, 12 if tiny else 40)), draw(st.integers(1, 4 if tiny else 8))
     dtype = draw(st.sampled_from(FLOATS))
     seed = draw(st.integers(0, 2**31))
-    codebook = integer_codebook(V, d, seed).double() if draw(st.booleans()) else random_codebook(V, d, seed, torch.float64)
+    if draw(st.booleans()):
+        codebook = integer_codebook(V, d, seed).double()
+    else:
+        codebook = random_codebook(V, d, seed, torch.float64)
     if rarely(draw, 3):
         codebook = poke(draw, codebook, edges(draw, dtype, [1e20, -1e20, 0.0]))
     if rarely(draw, 6) and V > 1:
@@ -849,7 +854,9 @@ def _wild(draw, entry: dict) -> None:
     """Any container's entry replaced by any JSON value (or a new entry added)."""
     path, container = draw(st.sampled_from(list(_containers(entry))))
     if isinstance(container, dict):
-        container[draw(st.sampled_from(sorted(container)) | st.text(max_size=5)) if container else "x"] = draw(JSON_VALUES)
+        value = draw(JSON_VALUES)  # the value is drawn before the key
+        key = draw(st.sampled_from(sorted(container)) | st.text(max_size=5)) if container else "x"
+        container[key] = value
     elif container:
         container[draw(st.integers(0, len(container) - 1))] = draw(JSON_VALUES)
 
@@ -957,12 +964,16 @@ def test_fuzz_cost_cache_reader(entry):
             assert_plannable(model)
             if expect == "load":
                 parsed = json.loads(data)
-                assert model.points == {n: {int(r): float(s) for r, s in p.items()} for n, p in parsed["points"].items()}
+                points = {n: {int(r): float(s) for r, s in p.items()} for n, p in parsed["points"].items()}
+                assert model.points == points
                 assert model.acceptance == parsed["acceptance"]
         else:
             assert model.meta["source"] == "measured" and calls == [1]
             assert expect != "load", f"a well-formed fresh entry was measured again: {messages}"
-            assert (len(corrupt) == 1) if expect == "corrupt" else (not corrupt) if expect == "stale" else True, messages
+            if expect == "corrupt":
+                assert len(corrupt) == 1, messages
+            elif expect == "stale":
+                assert not corrupt, messages
             assert any("could not be written" in m for m in messages) == (kind == "folder"), messages
             if kind != "folder":  # the measurement replaced the entry: read back
                 assert costs.cached_cost_model(CACHE_KEY, measure, directory=Path(folder)).meta["source"] == "cache"

@@ -310,8 +310,8 @@ _load_lock = threading.Lock()
 def _load_backends() -> None:
     """Fill the fused backends' tables (lazily, to keep import cheap: it imports lantern._C and triton):
     "cpu" / "cuda" get the ops whose backend table names lantern._C and that have a kernel for the CPU / CUDA
-    dispatch key, "triton" those whose Triton kernel module imports. ``enable_fused`` calls it, so it has run before torch.compile traces a fused backend
-    (the reference backend does not need it)."""
+    dispatch key, "triton" those whose Triton kernel module imports. ``enable_fused`` calls it, so it has run
+    before torch.compile traces a fused backend (the reference backend does not need it)."""
     global _loaded
     if _loaded:
         return

@@ -38,8 +38,7 @@ def proposal(block, b, n, row, position, k, offset=OFFSET):
 def test_equal_laws_accept_and_far_drafts_take_the_first_proposal(backend, device):
     """p = q: log r = 0 > log u, every draft kept. A draft 50 target stds away under a drafter centred on it:
     rejected (log r ~ -1250 per channel), and the first proposal (q(y) ~ 0 there) is kept."""
-    C = 3
-    mu = torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.25, -0.75]])  # [2, C]
+    mu = torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.25, -0.75]])  # [2, C = 3]
     sigma = torch.tensor([[0.5, 1.0, 0.25], [2.0, 0.125, 1.0]])
     far = mu + 50 * sigma
     block = dict(draft=torch.stack([mu + 0.3 * sigma, far]), mu_p=torch.stack([mu, mu]),
@@ -63,7 +62,8 @@ def test_the_draft_test_uses_its_own_uniform(backend, device):
     ones = torch.ones(1, n, 1)
     block = dict(draft=0 * ones, mu_p=0 * ones, sigma_p=2 * ones, mu_q=0 * ones, sigma_q=ones,
                  logsig_p=torch.zeros(1, n), logsig_q=torch.zeros(1, n))
-    out = lantern.ops.continuous_verify(**on(device, block), seed=SEED, offset=OFFSET, rows=torch.tensor([77], device=device))
+    out = lantern.ops.continuous_verify(**on(device, block), seed=SEED, offset=OFFSET,
+                                        rows=torch.tensor([77], device=device))
     u = [float(philox_ref.uniform(SEED, PURPOSE_ACCEPT << 24, 77, p, OFFSET)) for p in range(n)]
     assert out.accepted[0].tolist() == [math.log(x) < math.log(0.5) for x in u]
     assert 0 < sum(out.accepted[0].tolist()) < n  # both outcomes occur
@@ -152,10 +152,12 @@ def _bad(block: dict, name: str, value) -> dict:
 
 
 BAD = [
-    ("NaN mean", lambda b: _bad(b, "mu_p", b["mu_p"].index_fill(2, torch.tensor([0]), float("nan"))), ValueError, "mu_p"),
+    ("NaN mean", lambda b: _bad(b, "mu_p", b["mu_p"].index_fill(2, torch.tensor([0]), float("nan"))), ValueError,
+     "mu_p"),
     ("inf draft", lambda b: _bad(b, "draft", b["draft"].index_fill(1, torch.tensor([1]), float("inf"))), ValueError,
      "draft"),
-    ("zero std", lambda b: _bad(b, "sigma_q", b["sigma_q"].index_fill(2, torch.tensor([1]), 0.0)), ValueError, "sigma_q"),
+    ("zero std", lambda b: _bad(b, "sigma_q", b["sigma_q"].index_fill(2, torch.tensor([1]), 0.0)), ValueError,
+     "sigma_q"),
     ("negative std", lambda b: _bad(b, "sigma_p", -b["sigma_p"]), ValueError, "sigma_p"),
     ("NaN log-std sum", lambda b: _bad(b, "logsig_q", b["logsig_q"] * float("nan")), ValueError, "logsig_q"),
     ("shape", lambda b: _bad(b, "mu_q", b["mu_q"][:, :1]), ValueError, "mu_q"),

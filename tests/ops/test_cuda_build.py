@@ -104,7 +104,8 @@ def test_every_cu_has_sass_for_sm80_and_sm90(extension, binary_kernels):
     """Each csrc/cuda/*.cu is in the extension as SASS for sm_80 and sm_90, with the same kernels in both."""
     stems = [_stem(s) for s in cr.cuda_sources()]
     assert not missing_archs(cr.parse_list_elf(_cuobjdump("--list-elf", extension)), stems), (
-        f"cuobjdump --list-elf: no SASS for {missing_archs(cr.parse_list_elf(_cuobjdump('--list-elf', extension)), stems)}")
+        "cuobjdump --list-elf: no SASS for "
+        f"{missing_archs(cr.parse_list_elf(_cuobjdump('--list-elf', extension)), stems)}")
     for stem in stems:
         by_arch = binary_kernels.get(stem, {})
         assert all(by_arch.get(a) for a in cr.REQUIRED_ARCHS), f"{stem}.cu: kernels per arch {dict(by_arch)}"

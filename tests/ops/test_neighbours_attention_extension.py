@@ -32,7 +32,8 @@ def test_attention_kernel_rejects_cache_len_past_the_cache(backend, device):
 
 
 @pytest.mark.parametrize("backend", EXTENSION, indirect=True)
-@pytest.mark.no_kernel_check("calls torch.ops.lantern.* itself (opcheck, a compiled graph): no fallback to hide a kernel")
+@pytest.mark.no_kernel_check(
+    "calls torch.ops.lantern.* itself (opcheck, a compiled graph): no fallback to hide a kernel")
 def test_opcheck_and_compile(backend, device):
     q, k, v, cache_len, mask = attention_case(2, 4, 2, 9, 16, [20, 3], 40, dtype=torch.float32, seed=7, device=device)
     k = torch.nan_to_num(k)

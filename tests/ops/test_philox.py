@@ -125,4 +125,5 @@ def test_counters_that_do_not_broadcast_raise(backend):
     with lantern.fused(backend):
         with pytest.raises(ValueError, match="c0, c1, c2, c3 must broadcast together"):
             ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(0, dtype=torch.int64), 0, 0)
-        assert ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(2, 1, dtype=torch.int64), 0, 0).shape == (2, 3)
+        broadcast = ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(2, 1, dtype=torch.int64), 0, 0)
+        assert broadcast.shape == (2, 3)

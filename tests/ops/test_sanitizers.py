@@ -26,8 +26,8 @@ def test_kernels_under_sanitizers(tmp_path, variant):
     if shutil.which(cxx) is None:
         pytest.skip(f"no C++ compiler ({cxx!r} not found): cannot build the sanitizer test")
     binary = str(tmp_path / "sanitize_main")
-    build = subprocess.run([cxx, *COMMON, *FLAGS[variant], "-I", os.path.join(ROOT, "csrc", "include"), SOURCE, "-o", binary],
-                           capture_output=True, text=True, timeout=600)
+    build = subprocess.run([cxx, *COMMON, *FLAGS[variant], "-I", os.path.join(ROOT, "csrc", "include"), SOURCE,
+                            "-o", binary], capture_output=True, text=True, timeout=600)
     if build.returncode != 0 and "sanitize" in build.stderr and "unrecognized" in build.stderr:
         pytest.skip(f"{cxx} does not support the sanitizers: {build.stderr[-500:]}")
     assert build.returncode == 0, build.stderr[-4000:]

@@ -89,7 +89,8 @@ def test_auto_falls_back_to_the_reference_with_a_warning(monkeypatch):
         assert part in message, (part, message)
     assert len(record) == 1
     assert_same_result(got, reference_verify(*args, **kwargs))
-    assert _backend.self_check_report()[("cpu", "verify", "cpu")].startswith("verify (deterministic drafts): next_token")
+    report = _backend.self_check_report()[("cpu", "verify", "cpu")]
+    assert report.startswith("verify (deterministic drafts): next_token")
 
 
 def test_an_explicit_backend_runs_the_reference_for_that_op_only(monkeypatch):
@@ -99,7 +100,8 @@ def test_an_explicit_backend_runs_the_reference_for_that_op_only(monkeypatch):
         with pytest.warns(RuntimeWarning, match=r"backend 'cpu' runs the reference verify"):
             got = ops.verify(*args, **kwargs)
         assert _backend.resolve("verify", CPU) is _backend._REGISTRY["reference"]["verify"]
-        assert _backend.resolve("latent_neighbours", CPU) is backends.kernel("cpu", "latent_neighbours")  # other ops unaffected
+        # other ops unaffected
+        assert _backend.resolve("latent_neighbours", CPU) is backends.kernel("cpu", "latent_neighbours")
     assert_same_result(got, reference_verify(*args, **kwargs))
 
 
@@ -118,7 +120,8 @@ def test_swapped_neighbour_columns_are_caught(monkeypatch):
 
     monkeypatch.setitem(_backend._REGISTRY["cpu"], "latent_neighbours", swapped)
     codebook = torch.randn(40, 8, generator=torch.Generator().manual_seed(1))
-    with lantern.fused("auto"), pytest.warns(RuntimeWarning, match=r"latent_neighbours \(normalize=False\): table\[0, 0\]"):
+    warned = pytest.warns(RuntimeWarning, match=r"latent_neighbours \(normalize=False\): table\[0, 0\]")
+    with lantern.fused("auto"), warned:
         got = ops.latent_neighbours(codebook, 6, True)
     assert torch.equal(got, reference_neighbours(codebook, 6, True))
 
@@ -145,14 +148,21 @@ def test_auto_moves_on_to_the_next_candidate(monkeypatch):
 
 FAULTY = {
     "verify": [functools.partial(reference_verify, faults=(f,)) for f in FAULTS] + [verify_next_token_plus_one],
-    "latent_neighbours": [lambda c, K, n=False: backends.kernel("cpu", "latent_neighbours")(c, K, n)[:, [0, 2, 1, *range(3, K)]]],
-    "tree_attention": [lambda *a: backends.kernel("cpu", "tree_attention")(*a).index_add(2, torch.tensor([4]), torch.full((2, 4, 1, 16), 1e-3))],
-    "compact_kv": [lambda cache, cl, pn, nk: backends.kernel("cpu", "compact_kv")(cache, cl, pn, nk - torch.tensor([0, 1])) + torch.tensor([0, 1])],
+    "latent_neighbours": [
+        lambda c, K, n=False: backends.kernel("cpu", "latent_neighbours")(c, K, n)[:, [0, 2, 1, *range(3, K)]]],
+    "tree_attention": [
+        lambda *a: backends.kernel("cpu", "tree_attention")(*a).index_add(2, torch.tensor([4]),
+                                                                          torch.full((2, 4, 1, 16), 1e-3))],
+    "compact_kv": [
+        lambda cache, cl, pn, nk: backends.kernel("cpu", "compact_kv")(cache, cl, pn, nk - torch.tensor([0, 1]))
+        + torch.tensor([0, 1])],
     "philox_uniform": [lambda *a: torch.nextafter(backends.kernel("cpu", "philox_uniform")(*a), torch.tensor(2.0))],
     "continuous_verify": [functools.partial(reference_continuous_verify, faults=(f,)) for f in CONTINUOUS_FAULTS]
-    + [lambda *a, **k: backends.kernel("cpu", "continuous_verify")(*a, **{**k, "offset": k["offset"] + 1}),  # off-by-one try key
+    # off-by-one try key
+    + [lambda *a, **k: backends.kernel("cpu", "continuous_verify")(*a, **{**k, "offset": k["offset"] + 1}),
        lambda *a, **k: backends.kernel("cpu", "continuous_verify")(*a, **k)._replace(  # 1e-4 on one token
-           tokens=backends.kernel("cpu", "continuous_verify")(*a, **k).tokens.index_add(1, torch.tensor([2]), torch.full((3, 1, 3), 1e-4)))],
+           tokens=backends.kernel("cpu", "continuous_verify")(*a, **k).tokens.index_add(1, torch.tensor([2]),
+                                                                                      torch.full((3, 1, 3), 1e-4)))],
 }
 
 
@@ -307,7 +317,8 @@ def test_the_reference_and_the_cpu_kernels_pass(op_name):
         assert self_check.check("cpu", op_name, CPU) is None
 
 
-@pytest.mark.parametrize("op_name", ["verify", "latent_neighbours", "tree_attention", "compact_kv", "continuous_verify"])
+@pytest.mark.parametrize("op_name",
+                         ["verify", "latent_neighbours", "tree_attention", "compact_kv", "continuous_verify"])
 def test_the_triton_kernels_pass(op_name):
     """Under the interpreter without a GPU (about 0.2 to 1.2 s per op on 2 cores), on CUDA with one."""
     if _backend._why_unavailable("triton") is not None or op_name not in _backend._REGISTRY["triton"]:
@@ -355,12 +366,14 @@ def test_continuous_cases_cover_every_branch_and_rounding_cannot_flip_them():
     seen = set()
     for kwargs, label in self_check.continuous_cases(CPU):
         want = reference_continuous_verify(**kwargs)
-        wide = {n: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for n, v in kwargs.items()}
+        wide = {n: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                for n, v in kwargs.items()}
         got = reference_continuous_verify(**wide)
         assert torch.equal(got.accepted, want.accepted) and torch.equal(got.tries, want.tries), label
         cap = kwargs.get("max_tries", 1000)
         seen |= {"accepted" * bool(want.accepted.any()), "rejected" * bool((~want.accepted).any()),
-                 "first try" * bool((want.tries == 1).any()), "later try" * bool(((want.tries > 1) & (want.tries <= cap)).any()),
+                 "first try" * bool((want.tries == 1).any()),
+                 "later try" * bool(((want.tries > 1) & (want.tries <= cap)).any()),
                  "capped" * bool((want.tries > cap).any())}
     assert {"accepted", "rejected", "first try", "later try", "capped"} <= seen
 
@@ -397,4 +410,5 @@ def test_neighbour_codebook_is_tie_free():
     for normalize in (False, True):
         assert self_check.min_relative_gap(codebook, normalize) > self_check.MIN_RELATIVE_GAP
         table = reference_neighbours(codebook, self_check.NEIGHBOUR_K, normalize)
-        assert torch.equal(table.to(torch.int64), torch.as_tensor(exact_table(codebook, self_check.NEIGHBOUR_K, normalize)))
+        exact = torch.as_tensor(exact_table(codebook, self_check.NEIGHBOUR_K, normalize))
+        assert torch.equal(table.to(torch.int64), exact)

@@ -314,9 +314,9 @@ CORRUPTIONS = {  # name -> (where to write, what, the (b, h, t) queries that mus
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter on non-finite inputs
 def test_non_finite_inputs_give_nan_rows(backend, corruption):
-    """A NaN key is not skipped as if it were absent (a finite output): every backend gives NaN in every element of exactly the queries that read a
-    non-finite score or value, and the other queries are as without the corruption (a value no query
-    attends to cannot leak through 0 x NaN)."""
+    """A NaN key is not skipped as if it were absent (a finite output): every backend gives NaN in every
+    element of exactly the queries that read a non-finite score or value, and the other queries are as without
+    the corruption (a value no query attends to cannot leak through 0 x NaN)."""
     import lantern
     from lantern import ops
 

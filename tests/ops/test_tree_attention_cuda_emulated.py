@@ -18,7 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SOURCE = os.path.join(ROOT, "csrc", "tests", "tree_attention_cuda_emulated.cpp")
 FLAGS = ["-std=c++20", "-pthread", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
          "-DLANTERN_SIMT_EMULATION", "-DLANTERN_NO_TARGET_CLONES",
-         "-I", os.path.join(ROOT, "csrc", "tests", "cuda_emulation", "include"), "-I", os.path.join(ROOT, "csrc", "include")]
+         "-I", os.path.join(ROOT, "csrc", "tests", "cuda_emulation", "include"),
+         "-I", os.path.join(ROOT, "csrc", "include")]
 
 
 def test_cuda_tree_attention_kernel_matches_the_cpu_kernel_under_emulation(tmp_path):

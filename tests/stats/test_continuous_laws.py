@@ -68,7 +68,8 @@ K = 8  # equiprobable cells per channel under p
 def exact_law_test(verify):
     out = verify(**block(**EXACT), rule="exact")
     tokens = out.tokens.reshape(-1, 2).double().numpy()
-    index = sum(cells(tokens[:, c], gaussian_edges(EXACT["mu_p"][c], EXACT["sigma_p"][c], K)) * K ** c for c in range(2))
+    index = sum(cells(tokens[:, c], gaussian_edges(EXACT["mu_p"][c], EXACT["sigma_p"][c], K)) * K ** c
+                for c in range(2))
     counts = np.bincount(index, minlength=K * K)
     return g_test(counts, np.full(K * K, 1.0 / K ** 2)), out
 

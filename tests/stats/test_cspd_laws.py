@@ -132,7 +132,8 @@ def two_sample_test(pair, config):
     groups = []
     for n in range(len(positions)):
         edges = [np.quantile(pilot[:, n, c].double().numpy(), np.arange(1, k) / k) for c in range(2)]
-        index = lambda x: cells(x[:, n, 0].double().numpy(), edges[0]) * k + cells(x[:, n, 1].double().numpy(), edges[1])
+        index = lambda x: (cells(x[:, n, 0].double().numpy(), edges[0]) * k
+                           + cells(x[:, n, 1].double().numpy(), edges[1]))
         groups.append((np.bincount(index(got), minlength=k * k), np.bincount(index(want), minlength=k * k)))
     return homogeneity_g_test(groups), acceptance
 

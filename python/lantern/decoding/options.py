@@ -241,6 +241,6 @@ def check_gpt_sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval,
     from ..ops.checks_verify import _check_counter, _check_sampling_settings
 
     _check_sampling_settings(checks.plain(cfg_scale), checks.plain(temperature), checks.plain(top_k),
-                             checks.plain(top_p), B, None, device)
+                             checks.plain(top_p), B, device)
     _check_counter("seed", checks.plain(seed), 64)  # an int, or a one-element integer tensor, as ops.verify takes
     check_cfg_interval(checks.plain(cfg_interval))

@@ -110,7 +110,8 @@ def launch(draft: torch.Tensor, mu_p: torch.Tensor, sigma_p: torch.Tensor, mu_q:
            positions: torch.Tensor, rule: str, bandwidth: float, sigma_ratio: str, max_tries: int,
            seed: torch.Tensor, offset: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op's kernel, with the schema's arguments (checks already ran). The annotations spell the op's
-    schema (``SCHEMA`` of ``lantern.ops.continuous_verify_op``): torch versions whose triton_op ignores ``schema=`` infer it from them."""
+    schema (``SCHEMA`` of ``lantern.ops.continuous_verify_op``): torch versions whose triton_op ignores
+    ``schema=`` infer it from them."""
     B, N, C = draft.shape
     dev = draft.device
     tokens = torch.empty(B, N, C, dtype=torch.float32, device=dev)

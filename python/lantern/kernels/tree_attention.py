@@ -18,8 +18,9 @@ sees -inf - (-inf). Every query attends at least to itself, so l > 0 at the end.
 Non-finite inputs are never hidden (as the reference): a query row with a non-finite score (q or a key
 holds NaN / inf) or a non-finite value at a position it attends to is written as NaN in full. Non-finite
 values are replaced by 0 before the P V product, so that they cannot reach rows that do not attend to them.
-float32 (and float64, computed in float32 like the reference) inputs use IEEE float32 dots (no TF32), so results match the reference to ~1e-6; float16 /
-bfloat16 inputs use the tensor-core path with P rounded to the input dtype (as flash attention does).
+float32 (and float64, computed in float32 like the reference) inputs use IEEE float32 dots (no TF32), so
+results match the reference to ~1e-6; float16 / bfloat16 inputs use the tensor-core path with P rounded to
+the input dtype (as flash attention does).
 """
 from __future__ import annotations
 

@@ -31,7 +31,19 @@ import triton
 import triton.language as tl
 
 from ._common import configs, launcher
-from ._jit import _argmax, _argmin, _cumsum, _device, _exp, _exponential_key, _interpreting, _max, _min, _sum, _uniform  # noqa: F401
+from ._jit import (  # noqa: F401
+    _argmax,
+    _argmin,
+    _cumsum,
+    _device,
+    _exp,
+    _exponential_key,
+    _interpreting,
+    _max,
+    _min,
+    _sum,
+    _uniform,
+)
 
 # Digit width of the radix passes: 4 bits (8 passes of 16-bin histograms) on a GPU; under the interpreter,
 # where each tl op costs the same whatever its size, 8 bits (4 passes of 256 bins). Both are exact.
@@ -187,7 +199,8 @@ def _enter_node(lc_row, lu_row, p_row, node, V, cfg, temperature, top_k, top_p, 
 
 
 @_device
-def _kept_sum(p_row, V, l_max, threshold, unused, BLOCK_V: tl.constexpr):
+def _kept_sum(p_row, V, l_max, threshold, unused,  # noqa: ARG001 (the one caller passes it positionally)
+              BLOCK_V: tl.constexpr):
     """Z = sum of exp(l - max) over l >= threshold."""
     acc = tl.full((BLOCK_V,), 0, tl.float32)
     for start in range(0, V, BLOCK_V):
@@ -541,8 +554,8 @@ _autotuned = triton.autotune(configs(GPU_CONFIGS, GPU_CONFIGS[0]), key=["V", "HA
 def run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature, top_k, top_p, draft_probs, k,
          delta, lam, node_budget, seed, offset, rows, radix_bits: int):
     """One launch for the batch, with the schema's arguments and the radix digit width (4 or 8; ``launch`` passes
-    this device's; the tests also run the other width under the interpreter) (settings [B], seed / offset 0-d int64, rows
-    int64 [B] or None)."""
+    this device's; the tests also run the other width under the interpreter) (settings [B], seed / offset 0-d
+    int64, rows int64 [B] or None)."""
     B, T, V = logits.shape
     dev = logits.device
     logits = logits.contiguous()
@@ -566,8 +579,9 @@ def run(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperatu
             rows.contiguous() if rows is not None else accept_len, p_scratch, q_scratch,
             depth_scratch, accept_len, path, next_token, status, T, V, K, k, float(delta), lam_m1)
     flags = dict(HAS_UNCOND=uncond_logits is not None, SAMPLED=draft_probs is not None, LAMBDA=lam is not None,
-                 HAS_ROWS=rows is not None, NODE_BUDGET=node_budget and lam is None, BLOCK_K=triton.next_power_of_2(max(1, min(k, MAX_BLOCK_K))),
-                 BLOCK_T=triton.next_power_of_2(T), BITS=radix_bits)
+                 HAS_ROWS=rows is not None, NODE_BUDGET=node_budget and lam is None,
+                 BLOCK_K=triton.next_power_of_2(max(1, min(k, MAX_BLOCK_K))), BLOCK_T=triton.next_power_of_2(T),
+                 BITS=radix_bits)
     if _interpreting():  # one config: the interpreter runs every program in Python
         with np.errstate(divide="ignore", invalid="ignore"):  # tl.where evaluates both sides (e / 0 masked)
             _verify_kernel[(B,)](*args, **flags, BLOCK_V=min(triton.next_power_of_2(V), 1024))

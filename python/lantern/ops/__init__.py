@@ -4,7 +4,9 @@ then runs the implementation of its ``backend=`` argument, by default the backen
 ``lantern.fused`` chose. Semantics: docs/SPEC.md."""
 from __future__ import annotations
 
-from . import checks, library
+# the submodules, as attributes of lantern.ops
+from . import checks as checks
+from . import library as library
 from .ancestor_mask_op import ancestor_mask
 from .build_tree_op import build_tree
 from .compact_kv_op import compact_kv

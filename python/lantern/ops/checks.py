@@ -1,6 +1,7 @@
 """The argument checks' building blocks, shared by the op modules (each op's own checks are its module's
-``check``; SPEC §9): each raises ValueError/TypeError naming the argument. Data-dependent checks (token ranges, tree order, NaN) inspect values, which costs a host
-sync on GPU tensors; they run once here, before any backend, so all backends raise the same errors.
+``check``; SPEC §9): each raises ValueError/TypeError naming the argument. Data-dependent checks (token ranges,
+tree order, NaN) inspect values, which costs a host sync on GPU tensors; they run once here, before any backend,
+so all backends raise the same errors.
 Type, shape, dtype and device checks always run; the value scans run in eager mode only (``scan_values``)."""
 from __future__ import annotations
 
@@ -286,7 +287,7 @@ def _plain_settings_valid(cfg_scale, temperature, top_k, top_p) -> bool:
             and (temperature == 0 or temperature > FLOAT32_UNDERFLOW) and 0 <= top_k < INT64_END and 0 < top_p <= 1)
 
 
-def check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, V, device) -> None:
+def check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, device) -> None:
     """cfg_scale finite and temperature 0 or positive, both in float32 (a setting that overflows the
     kernels' type, or a temperature that rounds to 0 there, would mean something else on each backend);
     top_k an int64 >= 0; top_p in (0, 1]."""

@@ -44,5 +44,5 @@ def process_logits(logits, uncond_logits=None, cfg_scale=1.0, temperature=1.0, t
 def check(logits, uncond_logits, cfg_scale, temperature, top_k, top_p) -> None:
     ranges = c.check_logits_pair(logits, uncond_logits)
     rows = logits.shape[0] if logits.dim() >= 2 else 1
-    c.check_sampling_settings(cfg_scale, temperature, top_k, top_p, rows, logits.shape[-1], logits.device)
+    c.check_sampling_settings(cfg_scale, temperature, top_k, top_p, rows, logits.device)
     c.check_processed_logits(logits, uncond_logits, cfg_scale, temperature, ranges)

@@ -126,7 +126,7 @@ def check(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, tempera
         if bool(bad.any()):  # one host sync; then the message
             c.in_range("tokens", tokens[~is_pad], 0, V)
             raise ValueError("tokens of padding nodes (parents == -1, i > 0) must be -1")
-    c.check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, V, dev)
+    c.check_sampling_settings(cfg_scale, temperature, top_k, top_p, B, dev)
     c.check_processed_logits(logits, uncond_logits, cfg_scale, temperature, ranges)
     if draft_probs is not None:
         c.tensor("draft_probs", draft_probs, shape=[B, T, V], dtypes=c.FLOAT_DTYPES, device=dev)
