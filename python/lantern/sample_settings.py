@@ -21,8 +21,8 @@ from .decoding.compiled import COMPILE_CHOICES
 from .decoding.config import DRAFTS, TREES
 from .decoding.jacobi import FRESH_INITS
 from .decoding.options import GPT_METHODS, MAR_METHODS
-from .ops.checks_verify import BUDGETS
 from .ops.reference.continuous_verify import RULES, SIGMA_RATIOS
+from .ops.verify_op import BUDGETS
 
 # the choices of the settings (and of the command line's flags)
 MODELS = ("tiny", "checkpoint", "tiny-mar", "mar-checkpoint")
