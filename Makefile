@@ -32,8 +32,13 @@ $(STAMP): $(VENV)/bin/python requirements.txt setup.py pyproject.toml $(CSRC)
 	$(VENV)/bin/python -c "import lantern; print(lantern.build_info())"
 	touch $@
 
+# the suite on TEST_JOBS processes (pytest-xdist), each test file whole in one process (module fixtures are
+# built once); TEST_JOBS=0 runs it in this process
+TEST_JOBS ?= 2
+PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+
 test: install
-	$(VENV)/bin/python -m pytest -q
+	$(PYTEST)
 
 # the inner loop (README, "Contributing"): the tests not marked slow (the triton backend's are, under its
 # interpreter: tests/conftest.py), less the files that start processes or compilers (the CLI, lantern sample
@@ -47,13 +52,14 @@ FAST_IGNORE := --ignore=tests/test_sampling.py --ignore=tests/test_cli.py --igno
 	--ignore=tests/hf/test_laws.py --ignore=tests/decoding/test_spec_statistics.py \
 	--ignore=tests/decoding/test_spec_statistics_tiny.py
 test-fast: install
-	$(VENV)/bin/python -m pytest -q -m "not slow" $(FAST_IGNORE)
+	$(PYTEST) -m "not slow" $(FAST_IGNORE)
 
-# ruff (pyproject.toml [tool.ruff]) over the Python, clang-format (.clang-format) over csrc/: check only;
-# fix with .venv/bin/ruff check --fix . and .venv/bin/clang-format -i FILES
+# ruff (pyproject.toml [tool.ruff]) over the Python, clang-format (.clang-format) over csrc/ but the .cu files
+# (formatted only with a CUDA build to check them): check only; fix with .venv/bin/ruff check --fix . and
+# .venv/bin/clang-format -i FILES
 lint: install
 	$(VENV)/bin/ruff check .
-	git ls-files -z 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' | xargs -0 $(VENV)/bin/clang-format --dry-run --Werror
+	git ls-files -z 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cuh' | xargs -0 $(VENV)/bin/clang-format --dry-run --Werror
 
 demo: install
 	$(VENV)/bin/lantern generate --method lantern --fused auto --per-class 1 --out samples.png --json samples.json

@@ -40,8 +40,7 @@ inline bool memory_overlaps(const at::Tensor& a, const at::Tensor& b) {
 }
 
 inline void check_int64_on_device(const at::Tensor& t, const char* name, const at::Tensor& cache) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, "compact_kv: ", name, " must be int64, got ",
-                   t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, "compact_kv: ", name, " must be int64, got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.device() == cache.device(), "compact_kv: ", name, " must be on ", cache.device(),
                     " (like cache), got ", t.device());
 }
@@ -50,10 +49,9 @@ inline void check_int64_on_device(const at::Tensor& t, const char* name, const a
 // path_nodes int64 [B, P]; n_keep int64 [B]; none of the three in cache's memory.
 inline CompactKVDims check_compact_kv(const at::Tensor& cache, const at::Tensor& cache_len,
                                       const at::Tensor& path_nodes, const at::Tensor& n_keep) {
-  TORCH_CHECK_VALUE(cache.dim() >= 4, "compact_kv: cache must have shape [..., B, Hkv, Lmax, Dh], got ",
-                    cache.sizes());
-  TORCH_CHECK_TYPE(at::isFloatingType(cache.scalar_type()),
-                   "compact_kv: cache must have a floating dtype, got ", cache.scalar_type());
+  TORCH_CHECK_VALUE(cache.dim() >= 4, "compact_kv: cache must have shape [..., B, Hkv, Lmax, Dh], got ", cache.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(cache.scalar_type()), "compact_kv: cache must have a floating dtype, got ",
+                   cache.scalar_type());
   TORCH_CHECK_VALUE(cache.is_contiguous(), "compact_kv: cache must be contiguous (it is modified in place)");
   const int64_t d = cache.dim();
   CompactKVDims g{1, cache.size(d - 4), cache.size(d - 3), cache.size(d - 2), cache.size(d - 1), 0};
@@ -63,16 +61,16 @@ inline CompactKVDims check_compact_kv(const at::Tensor& cache, const at::Tensor&
   check_int64_on_device(n_keep, "n_keep", cache);
   // The kernels read the lengths and indices while they write the cache: inputs in its memory would be
   // overwritten mid-copy (and then index outside it).
-  for (const auto& [t, name] : {std::pair{&cache_len, "cache_len"}, std::pair{&path_nodes, "path_nodes"},
-                                std::pair{&n_keep, "n_keep"}})
+  for (const auto& [t, name] :
+       {std::pair{&cache_len, "cache_len"}, std::pair{&path_nodes, "path_nodes"}, std::pair{&n_keep, "n_keep"}})
     TORCH_CHECK_VALUE(!memory_overlaps(cache, *t), "compact_kv: ", name,
                       " overlaps the memory of cache, which is modified in place; pass a copy");
-  TORCH_CHECK_VALUE(cache_len.dim() == 1 && cache_len.size(0) == g.B, "compact_kv: cache_len must have shape [",
-                    g.B, "] (B = cache.shape[-4]), got ", cache_len.sizes());
-  TORCH_CHECK_VALUE(n_keep.dim() == 1 && n_keep.size(0) == g.B, "compact_kv: n_keep must have shape [", g.B,
-                    "], got ", n_keep.sizes());
-  TORCH_CHECK_VALUE(path_nodes.dim() == 2 && path_nodes.size(0) == g.B, "compact_kv: path_nodes must have shape [",
-                    g.B, ", P], got ", path_nodes.sizes());
+  TORCH_CHECK_VALUE(cache_len.dim() == 1 && cache_len.size(0) == g.B, "compact_kv: cache_len must have shape [", g.B,
+                    "] (B = cache.shape[-4]), got ", cache_len.sizes());
+  TORCH_CHECK_VALUE(n_keep.dim() == 1 && n_keep.size(0) == g.B, "compact_kv: n_keep must have shape [", g.B, "], got ",
+                    n_keep.sizes());
+  TORCH_CHECK_VALUE(path_nodes.dim() == 2 && path_nodes.size(0) == g.B, "compact_kv: path_nodes must have shape [", g.B,
+                    ", P], got ", path_nodes.sizes());
   g.P = path_nodes.size(1);
   return g;
 }
@@ -112,8 +110,8 @@ inline void check_float_block(const at::Tensor& t, const char* name, const at::T
                        t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
                    "verify: ", name, " must be float32, float64, bfloat16 or float16, got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.device() == like.device(), "verify: ", name, " must be on ", like.device(), ", got ", t.device());
-  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), "verify: ", name, " must have shape ", like.sizes(), " (like logits), got ",
-                    t.sizes());
+  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), "verify: ", name, " must have shape ", like.sizes(),
+                    " (like logits), got ", t.sizes());
 }
 
 inline void check_row_setting(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t B,
@@ -147,8 +145,8 @@ inline VerifyDims check_verify(const at::Tensor& logits, const at::Tensor& token
   TORCH_CHECK_VALUE(V <= (int64_t{1} << 31) - 1 && T <= (int64_t{1} << 31) - 1, "verify: V and T must fit in int32");
   for (const auto& [t, name] : {std::pair{&tokens, "tokens"}, std::pair{&parents, "parents"}}) {
     TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, "verify: ", name, " must be int64, got ", t->scalar_type());
-    TORCH_CHECK_VALUE(t->dim() == 2 && t->size(0) == B && t->size(1) == T, "verify: ", name, " must have shape [",
-                      B, ", ", T, "], got ", t->sizes());
+    TORCH_CHECK_VALUE(t->dim() == 2 && t->size(0) == B && t->size(1) == T, "verify: ", name, " must have shape [", B,
+                      ", ", T, "], got ", t->sizes());
     TORCH_CHECK_VALUE(t->device() == logits.device(), "verify: ", name, " must be on ", logits.device());
   }
   if (uncond_logits) check_float_block(*uncond_logits, "uncond_logits", logits);
@@ -171,8 +169,8 @@ inline VerifyDims check_verify(const at::Tensor& logits, const at::Tensor& token
   if (neighbours) {
     TORCH_CHECK_TYPE(neighbours->scalar_type() == at::kInt, "verify: neighbours must be int32, got ",
                      neighbours->scalar_type());
-    TORCH_CHECK_VALUE(neighbours->dim() == 2 && neighbours->size(0) == V, "verify: neighbours must have shape [",
-                      V, ", K], got ", neighbours->sizes());
+    TORCH_CHECK_VALUE(neighbours->dim() == 2 && neighbours->size(0) == V, "verify: neighbours must have shape [", V,
+                      ", K], got ", neighbours->sizes());
     TORCH_CHECK_VALUE(neighbours->device() == logits.device(), "verify: neighbours must be on ", logits.device());
     K = neighbours->size(1);
   }
@@ -190,9 +188,8 @@ struct TreeAttentionDims {
 
 // q [B, H, T, Dh] float; k_cache, v_cache [B, Hkv, Lmax, Dh] of q's dtype and device, H % Hkv == 0;
 // cache_len int64 [B]; tree_mask int32 [B, T, ceil(T/32)]. (cache_len's values are checked by the kernel.)
-inline TreeAttentionDims check_tree_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                                              const at::Tensor& v_cache, const at::Tensor& cache_len,
-                                              const at::Tensor& tree_mask) {
+inline TreeAttentionDims check_tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                              const at::Tensor& cache_len, const at::Tensor& tree_mask) {
   TORCH_CHECK_VALUE(q.dim() == 4 && q.numel() > 0, "tree_attention: q must have non-empty shape [B, H, T, Dh], got ",
                     q.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(q.scalar_type()), "tree_attention: q must be floating, got ", q.scalar_type());
@@ -201,8 +198,8 @@ inline TreeAttentionDims check_tree_attention(const at::Tensor& q, const at::Ten
     TORCH_CHECK_TYPE(t->scalar_type() == q.scalar_type(), "tree_attention: ", name, " must have q's dtype ",
                      q.scalar_type(), ", got ", t->scalar_type());
     TORCH_CHECK_VALUE(t->device() == q.device(), "tree_attention: ", name, " must be on ", q.device());
-    TORCH_CHECK_VALUE(t->dim() == 4 && t->size(0) == B && t->size(3) == Dh && t->size(1) >= 1,
-                      "tree_attention: ", name, " must have shape [", B, ", Hkv, Lmax, ", Dh, "], got ", t->sizes());
+    TORCH_CHECK_VALUE(t->dim() == 4 && t->size(0) == B && t->size(3) == Dh && t->size(1) >= 1, "tree_attention: ", name,
+                      " must have shape [", B, ", Hkv, Lmax, ", Dh, "], got ", t->sizes());
   }
   TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "tree_attention: v_cache must have k_cache's shape ",
                     k_cache.sizes(), ", got ", v_cache.sizes());
@@ -227,8 +224,8 @@ inline void check_latent_neighbours(const at::Tensor& codebook, int64_t K) {
   TORCH_CHECK_TYPE(at::isFloatingType(codebook.scalar_type()), "latent_neighbours: codebook must be floating, got ",
                    codebook.scalar_type());
   TORCH_CHECK_VALUE(codebook.size(0) <= (int64_t{1} << 31) - 1, "latent_neighbours: V must fit in int32");
-  TORCH_CHECK_VALUE(K >= 1 && K <= codebook.size(0) - 1, "latent_neighbours: K must be in [1, V - 1 = ",
-                    codebook.size(0) - 1, "], got ", K);
+  TORCH_CHECK_VALUE(K >= 1 && K <= codebook.size(0) - 1,
+                    "latent_neighbours: K must be in [1, V - 1 = ", codebook.size(0) - 1, "], got ", K);
 }
 
 // ---- continuous_verify (docs/cspd.md) ----------------------------------------------------------------------
@@ -241,11 +238,13 @@ struct ContinuousVerifyDims {
 // positions int64 [B, N]; rule "exact" | "paper"; sigma_ratio "paper" | "code"; bandwidth > 0 (1 for exact);
 // max_tries >= 1; seed, offset one-element int64; all on draft's device. Values (NaN, stds <= 0) are
 // checked by lantern.ops.continuous_verify; they cannot make the kernels read or write out of bounds.
-inline ContinuousVerifyDims check_continuous_verify(
-    const at::Tensor& draft, const at::Tensor& mu_p, const at::Tensor& sigma_p, const at::Tensor& mu_q,
-    const at::Tensor& sigma_q, const at::Tensor& logsig_p, const at::Tensor& logsig_q, const at::Tensor& rows,
-    const at::Tensor& positions, c10::string_view rule, double bandwidth, c10::string_view sigma_ratio,
-    int64_t max_tries, const at::Tensor& seed, const at::Tensor& offset) {
+inline ContinuousVerifyDims check_continuous_verify(const at::Tensor& draft, const at::Tensor& mu_p,
+                                                    const at::Tensor& sigma_p, const at::Tensor& mu_q,
+                                                    const at::Tensor& sigma_q, const at::Tensor& logsig_p,
+                                                    const at::Tensor& logsig_q, const at::Tensor& rows,
+                                                    const at::Tensor& positions, c10::string_view rule,
+                                                    double bandwidth, c10::string_view sigma_ratio, int64_t max_tries,
+                                                    const at::Tensor& seed, const at::Tensor& offset) {
   TORCH_CHECK_VALUE(draft.dim() == 3 && draft.size(2) >= 1,
                     "continuous_verify: draft must have shape [B, N, C] with C >= 1, got ", draft.sizes());
   const int64_t B = draft.size(0), N = draft.size(1), C = draft.size(2);
@@ -264,17 +263,17 @@ inline ContinuousVerifyDims check_continuous_verify(
     TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, "continuous_verify: ", name, " must be float32, got ",
                      t->scalar_type());
     TORCH_CHECK_VALUE(t->device() == draft.device() && t->dim() == 2 && t->size(0) == B && t->size(1) == N,
-                      "continuous_verify: ", name, " must have shape [", B, ", ", N, "] on ", draft.device(),
-                      ", got ", t->sizes(), " on ", t->device());
+                      "continuous_verify: ", name, " must have shape [", B, ", ", N, "] on ", draft.device(), ", got ",
+                      t->sizes(), " on ", t->device());
   }
   TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong && positions.scalar_type() == at::kLong,
                    "continuous_verify: rows and positions must be int64");
   TORCH_CHECK_VALUE(rows.device() == draft.device() && rows.dim() == 1 && rows.size(0) == B,
                     "continuous_verify: rows must have shape [", B, "] on ", draft.device(), ", got ", rows.sizes());
-  TORCH_CHECK_VALUE(positions.device() == draft.device() && positions.dim() == 2 && positions.size(0) == B &&
-                        positions.size(1) == N,
-                    "continuous_verify: positions must have shape [", B, ", ", N, "] on ", draft.device(), ", got ",
-                    positions.sizes());
+  TORCH_CHECK_VALUE(
+      positions.device() == draft.device() && positions.dim() == 2 && positions.size(0) == B && positions.size(1) == N,
+      "continuous_verify: positions must have shape [", B, ", ", N, "] on ", draft.device(), ", got ",
+      positions.sizes());
   TORCH_CHECK_VALUE(rule == "exact" || rule == "paper", "continuous_verify: rule must be 'exact' or 'paper', got '",
                     rule, "'");
   TORCH_CHECK_VALUE(sigma_ratio == "paper" || sigma_ratio == "code",
@@ -301,11 +300,13 @@ struct ContinuousVerifyCall {
   at::Tensor tokens, accepted, tries;
 };
 
-inline ContinuousVerifyCall prepare_continuous_verify(
-    const at::Tensor& draft, const at::Tensor& mu_p, const at::Tensor& sigma_p, const at::Tensor& mu_q,
-    const at::Tensor& sigma_q, const at::Tensor& logsig_p, const at::Tensor& logsig_q, const at::Tensor& rows,
-    const at::Tensor& positions, c10::string_view rule, double bandwidth, c10::string_view sigma_ratio,
-    int64_t max_tries, const at::Tensor& seed, const at::Tensor& offset) {
+inline ContinuousVerifyCall prepare_continuous_verify(const at::Tensor& draft, const at::Tensor& mu_p,
+                                                      const at::Tensor& sigma_p, const at::Tensor& mu_q,
+                                                      const at::Tensor& sigma_q, const at::Tensor& logsig_p,
+                                                      const at::Tensor& logsig_q, const at::Tensor& rows,
+                                                      const at::Tensor& positions, c10::string_view rule,
+                                                      double bandwidth, c10::string_view sigma_ratio, int64_t max_tries,
+                                                      const at::Tensor& seed, const at::Tensor& offset) {
   const auto g = check_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions, rule,
                                          bandwidth, sigma_ratio, max_tries, seed, offset);
   const ContinuousRule how{rule == "paper", sigma_ratio == "code", static_cast<float>(bandwidth),

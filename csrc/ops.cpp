@@ -19,6 +19,7 @@ static bool cuda_compiled() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "lantern's C++/CUDA kernels, registered as torch.ops.lantern.*";
   m.def("cuda_compiled", &cuda_compiled, "Whether this build contains the CUDA kernels (csrc/cuda).");
-  m.def("build_info", []() { return std::string(LANTERN_BUILD_INFO); },
-        "One line written by setup.py at build time: with or without CUDA kernels, for which architectures.");
+  m.def(
+      "build_info", []() { return std::string(LANTERN_BUILD_INFO); },
+      "One line written by setup.py at build time: with or without CUDA kernels, for which architectures.");
 }

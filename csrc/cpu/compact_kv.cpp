@@ -31,14 +31,14 @@ at::Tensor compact_kv_cpu(at::Tensor& cache, const at::Tensor& cache_len, const 
   for (int64_t b = 0; b < g.B; ++b) {
     const int64_t n = keep[b], start = len[b], *row = path + b * g.P;
     const auto [error, i] = lantern::compact_kv_check_row(n, start, row, g.P, g.Lmax);
-    TORCH_CHECK_VALUE(error != CompactKVError::kNKeep, "compact_kv: n_keep[", b, "] = ", n,
-                      " is outside [0, P = ", g.P, "]");
+    TORCH_CHECK_VALUE(error != CompactKVError::kNKeep, "compact_kv: n_keep[", b, "] = ", n, " is outside [0, P = ", g.P,
+                      "]");
     TORCH_CHECK_VALUE(error != CompactKVError::kCacheLen, "compact_kv: destination positions cache_len[", b,
                       "] + [0, n_keep[", b, "]) = ", start, " + [0, ", n, ") leave [0, Lmax = ", g.Lmax, ")");
     TORCH_CHECK_VALUE(error != CompactKVError::kPadding, "compact_kv: path_nodes[", b, ", ", i,
                       "] is -1 (padding) but ", i, " < n_keep[", b, "] = ", n);
-    TORCH_CHECK_VALUE(error != CompactKVError::kSource, "compact_kv: source position cache_len[", b,
-                      "] + path_nodes[", b, ", ", i, "] = ", start + row[i], " is outside [0, Lmax = ", g.Lmax, ")");
+    TORCH_CHECK_VALUE(error != CompactKVError::kSource, "compact_kv: source position cache_len[", b, "] + path_nodes[",
+                      b, ", ", i, "] = ", start + row[i], " is outside [0, Lmax = ", g.Lmax, ")");
   }
 
   // One (leading, b, head) row of Lmax x Dh elements per task: gather the kept positions into a buffer, then

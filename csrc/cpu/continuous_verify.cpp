@@ -16,7 +16,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> continuous_verify_cpu(
     const at::Tensor& positions, c10::string_view rule, double bandwidth, c10::string_view sigma_ratio,
     int64_t max_tries, const at::Tensor& seed, const at::Tensor& offset) {
   auto c = lantern::prepare_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions,
-                                             rule, bandwidth, sigma_ratio, max_tries, seed, offset);
+                                              rule, bandwidth, sigma_ratio, max_tries, seed, offset);
   const uint64_t s = *static_cast<const uint64_t*>(seed.data_ptr());
   const uint32_t off = static_cast<uint32_t>(*offset.data_ptr<int64_t>());
   const float *px = c.x.data_ptr<float>(), *pmp = c.mu_p.data_ptr<float>(), *psp = c.sigma_p.data_ptr<float>(),
@@ -32,8 +32,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> continuous_verify_cpu(
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t e = i * C;  // first channel of token i
       nt[i] = lantern::continuous_verify_token(px + e, pmp + e, psp + e, pmq + e, psq + e, plp[i], plq[i], C, how, s,
-                                               static_cast<uint32_t>(prow[i / N]), static_cast<uint32_t>(ppos[i]),
-                                               off, out + e, acc + i);
+                                               static_cast<uint32_t>(prow[i / N]), static_cast<uint32_t>(ppos[i]), off,
+                                               out + e, acc + i);
     }
   });
   return {c.tokens, c.accepted, c.tries};

@@ -14,7 +14,8 @@ namespace {
 at::Tensor latent_neighbours_cpu(const at::Tensor& codebook, int64_t K, bool normalize) {
   lantern::check_latent_neighbours(codebook, K);
   at::Tensor codes = codebook.detach().to(at::kFloat).contiguous();  // [V, d]
-  if (normalize) codes = at::div(codes, codes.norm(2, {1}, /*keepdim=*/true).clamp_min(1e-12)).contiguous();  // F.normalize
+  if (normalize)
+    codes = at::div(codes, codes.norm(2, {1}, /*keepdim=*/true).clamp_min(1e-12)).contiguous();  // F.normalize
   const at::Tensor ct = codes.t().contiguous();  // [d, V]
   const int64_t V = codes.size(0), d = codes.size(1);
   at::Tensor out = at::empty({V, K}, codebook.options().dtype(at::kInt));  // [V, K]

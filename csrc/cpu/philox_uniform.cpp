@@ -8,8 +8,8 @@
 
 namespace {
 
-at::Tensor philox_uniform_cpu(const at::Tensor& seed, const at::Tensor& c0, const at::Tensor& c1,
-                              const at::Tensor& c2, const at::Tensor& c3) {
+at::Tensor philox_uniform_cpu(const at::Tensor& seed, const at::Tensor& c0, const at::Tensor& c1, const at::Tensor& c2,
+                              const at::Tensor& c3) {
   const auto c = lantern::check_philox(seed, c0, c1, c2, c3);  // 4 x int64 [*shape], contiguous
   at::Tensor out = at::empty(c[0].sizes(), c[0].options().dtype(at::kFloat));  // float32 [*shape]
   const uint64_t s = *static_cast<const uint64_t*>(seed.data_ptr());

@@ -37,11 +37,12 @@ at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, co
   for (int64_t b = 0; b < d.B; ++b)
     TORCH_CHECK_VALUE(len_p[b] >= 0 && len_p[b] + d.T <= d.Lmax, "tree_attention: cache_len[", b, "] = ", len_p[b],
                       " must satisfy 0 <= cache_len and cache_len + T <= Lmax (T=", d.T, ", Lmax=", d.Lmax, ")");
-  lantern::cpu::AttnProblem p{qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(), attn_dtype(q),
-                              qc.stride(0), qc.stride(1), qc.stride(2),
-                              kc.stride(0), kc.stride(1), kc.stride(2),
-                              vc.stride(0), vc.stride(1), vc.stride(2),
-                              len_p, mask.data_ptr<int32_t>(), d.B, d.H, d.Hkv, d.T, d.Dh, d.Lmax, mask.size(2)};
+  lantern::cpu::AttnProblem p{qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(),
+                              attn_dtype(q), qc.stride(0),  qc.stride(1),  qc.stride(2),
+                              kc.stride(0),  kc.stride(1),  kc.stride(2),  vc.stride(0),
+                              vc.stride(1),  vc.stride(2),  len_p,         mask.data_ptr<int32_t>(),
+                              d.B,           d.H,           d.Hkv,         d.T,
+                              d.Dh,          d.Lmax,        mask.size(2)};
   const int64_t items = d.B * d.Hkv * lantern::cpu::attn_blocks_per_head(p);
   at::parallel_for(0, items, 1, [&](int64_t lo, int64_t hi) {
     lantern::cpu::AttnScratch ws;

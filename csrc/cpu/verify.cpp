@@ -75,9 +75,17 @@ void verify_rows(const VerifyTensors& t, const lantern::VerifyDims& d, int64_t k
         block(t.lc, b, T * V),
         t.lu.defined() ? block(t.lu, b, T * V) : lantern::cpu::RowBlock{nullptr, DType::kFloat32},
         t.dr.defined() ? block(t.dr, b, T * V) : lantern::cpu::RowBlock{nullptr, DType::kFloat32},
-        tok + b * T, par + b * T, nb, T, V, d.K,
+        tok + b * T,
+        par + b * T,
+        nb,
+        T,
+        V,
+        d.K,
         lantern::cpu::TargetSettings<Real>{cfg[b], temp[b], tk[b], tp[b]},
-        relax, seed, offset, static_cast<uint32_t>(row_keys ? row_keys[b] : b)};
+        relax,
+        seed,
+        offset,
+        static_cast<uint32_t>(row_keys ? row_keys[b] : b)};
     errors[b] = walker.run(row, {acc + b, path + b * path_width, next + b, status + b * T});
   };
   if (B < at::get_num_threads() && !at::in_parallel_region()) {
@@ -100,8 +108,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cpu(
     const at::Tensor& logits, const at::Tensor& tokens, const at::Tensor& parents,
     const std::optional<at::Tensor>& neighbours, const std::optional<at::Tensor>& uncond_logits,
     const at::Tensor& cfg_scale, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const std::optional<at::Tensor>& draft_probs, int64_t k, double delta, std::optional<double> lam,
-    bool node_budget, const at::Tensor& seed, const at::Tensor& offset, const std::optional<at::Tensor>& rows) {
+    const std::optional<at::Tensor>& draft_probs, int64_t k, double delta, std::optional<double> lam, bool node_budget,
+    const at::Tensor& seed, const at::Tensor& offset, const std::optional<at::Tensor>& rows) {
   const auto d = lantern::check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature,
                                        top_k, top_p, draft_probs, k, seed, offset, rows);
   const int64_t B = d.B, T = d.T;

@@ -24,12 +24,12 @@
 #include "lantern/cpu/verify_walk.h"
 #include "lantern/philox.h"
 
-#define CHECK(cond)                                                               \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
       std::fprintf(stderr, "CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(1);                                                               \
-    }                                                                             \
+      std::exit(1);                                                                   \
+    }                                                                                 \
   } while (0)
 
 using lantern::cpu::DType;
@@ -72,7 +72,8 @@ std::vector<unsigned char> encode(const std::vector<float>& x, DType t) {
     case DType::kBFloat16:
     case DType::kFloat16:
       for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = t == DType::kBFloat16 ? lantern::cpu::float_to_bf16(x[i]) : lantern::cpu::float_to_fp16(x[i]);
+        const uint16_t h =
+            t == DType::kBFloat16 ? lantern::cpu::float_to_bf16(x[i]) : lantern::cpu::float_to_fp16(x[i]);
         std::memcpy(out.data() + 2 * i, &h, 2);
       }
       break;
@@ -107,10 +108,18 @@ lantern::cpu::VerifyStatus run_verify(const VerifyCase& c, int64_t* next_out = n
       {lc.data(), c.dtype},
       {c.uncond.empty() ? nullptr : lu.data(), c.dtype},
       {c.draft.empty() ? nullptr : dr.data(), c.dtype},
-      c.tokens.data(), c.parents.data(), c.nbrs.empty() ? nullptr : c.nbrs.data(), c.T, c.V, c.K,
+      c.tokens.data(),
+      c.parents.data(),
+      c.nbrs.empty() ? nullptr : c.nbrs.data(),
+      c.T,
+      c.V,
+      c.K,
       lantern::cpu::TargetSettings<Real>{static_cast<Real>(c.cfg), static_cast<Real>(c.temperature), c.top_k, c.top_p},
-      lantern::Relaxation<Real>{c.k, static_cast<Real>(c.delta), static_cast<Real>(c.lam - 1.f), c.lambda, c.node_budget},
-      c.seed, c.offset, c.row};
+      lantern::Relaxation<Real>{c.k, static_cast<Real>(c.delta), static_cast<Real>(c.lam - 1.f), c.lambda,
+                                c.node_budget},
+      c.seed,
+      c.offset,
+      c.row};
   std::vector<int64_t> path(static_cast<size_t>(c.T > 1 ? c.T - 1 : 0) + 1, 12345);  // one guard slot
   std::vector<int8_t> status(static_cast<size_t>(c.T) + 1, 99);
   int64_t accept_len = -7, next = -7;
@@ -167,12 +176,24 @@ VerifyCase random_verify_case(Rng& r, int64_t V = 0) {
   c.logits.resize(static_cast<size_t>(c.T * c.V));
   for (auto& l : c.logits) {
     switch (style) {
-      case 0: l = r.normal(); break;
-      case 1: l = r.coin(0.9f) ? -kInf : r.normal(); break;       // mostly -inf
-      case 2: l = r.coin(0.5f) ? 3e38f : -3e38f; break;            // huge
-      case 3: l = r.normal() * 1e-38f; break;                       // tiny
-      case 4: l = std::round(r.normal() * 2.f) / 2.f; break;        // ties
-      default: l = r.normal() * 30.f; break;                        // peaked
+      case 0:
+        l = r.normal();
+        break;
+      case 1:
+        l = r.coin(0.9f) ? -kInf : r.normal();
+        break;       // mostly -inf
+      case 2:
+        l = r.coin(0.5f) ? 3e38f : -3e38f;
+        break;            // huge
+      case 3:
+        l = r.normal() * 1e-38f;
+        break;                       // tiny
+      case 4:
+        l = std::round(r.normal() * 2.f) / 2.f;
+        break;        // ties
+      default:
+        l = r.normal() * 30.f;
+        break;                        // peaked
     }
   }
   for (int64_t t = 0; t < c.T; ++t)  // all -inf but one, sometimes
@@ -420,16 +441,20 @@ void attention_case(Rng& r, int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_
   for (int64_t b = 0; b < B; ++b)  // never read: NaN past cache_len + T
     for (int64_t g = 0; g < Hkv; ++g)
       for (int64_t p = len[b] + T; p < Lmax; ++p)
-        for (int64_t d = 0; d < Dh; ++d) k[((b * Hkv + g) * Lmax + p) * Dh + d] = v[((b * Hkv + g) * Lmax + p) * Dh + d] = std::nanf("");
+        for (int64_t d = 0; d < Dh; ++d)
+          k[((b * Hkv + g) * Lmax + p) * Dh + d] = v[((b * Hkv + g) * Lmax + p) * Dh + d] = std::nanf("");
   std::vector<int32_t> mask(static_cast<size_t>(B * T * W));
   for (auto& m : mask) m = static_cast<int32_t>(r.next());  // any bits, stray ones past T included
   const auto qe = encode(q, dt), ke = encode(k, dt), ve = encode(v, dt);
   std::vector<unsigned char> o = encode(std::vector<float>(q.size() + 1, 0.f), dt);
-  lantern::cpu::AttnProblem p{qe.data(), ke.data(), ve.data(), o.data(), dt,
-                              H * T * Dh, T * Dh, Dh,
-                              Hkv * Lmax * Dh, Lmax * Dh, Dh,
-                              Hkv * Lmax * Dh, Lmax * Dh, Dh,
-                              len.data(), mask.data(), B, H, Hkv, T, Dh, Lmax, W};
+  lantern::cpu::AttnProblem p{qe.data(),   ke.data(), ve.data(),
+                              o.data(),    dt,        H * T * Dh,
+                              T * Dh,      Dh,        Hkv * Lmax * Dh,
+                              Lmax * Dh,   Dh,        Hkv * Lmax * Dh,
+                              Lmax * Dh,   Dh,        len.data(),
+                              mask.data(), B,         H,
+                              Hkv,         T,         Dh,
+                              Lmax,        W};
   lantern::cpu::AttnScratch ws;
   ws.resize(Dh);
   const int64_t items = B * Hkv * lantern::cpu::attn_blocks_per_head(p);

@@ -18,9 +18,8 @@ struct CompactKVRowCheck {
 // A row keeping n nodes of the tree at position `start` is valid iff 0 <= n <= P and, when n > 0, every
 // destination start + i (i < n) and every source start + path[i] lies in [0, Lmax); path[i] = -1 (padding)
 // or any other negative entry is invalid. The order of the kept nodes is free (sources are read first).
-LANTERN_HOST_DEVICE LANTERN_INLINE CompactKVRowCheck compact_kv_check_row(int64_t n, int64_t start,
-                                                                          const int64_t* path, int64_t P,
-                                                                          int64_t Lmax) {
+LANTERN_HOST_DEVICE LANTERN_INLINE CompactKVRowCheck compact_kv_check_row(int64_t n, int64_t start, const int64_t* path,
+                                                                          int64_t P, int64_t Lmax) {
   if (n < 0 || n > P) return {CompactKVError::kNKeep, 0};
   if (n == 0) return {CompactKVError::kOk, 0};
   if (start < 0 || start > Lmax - n) return {CompactKVError::kCacheLen, 0};

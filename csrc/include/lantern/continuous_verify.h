@@ -63,10 +63,12 @@ LANTERN_HOST_DEVICE LANTERN_INLINE float log_gaussian(const float* x, const floa
 
 // One token. x, mu_p, sigma_p, mu_q, sigma_q point at its C channels; out receives the output token.
 // Returns tries (0: draft accepted; k: proposal k kept; max_tries + 1: capped); *accepted = draft kept.
-LANTERN_HOST_DEVICE LANTERN_INLINE int32_t continuous_verify_token(
-    const float* x, const float* mu_p, const float* sigma_p, const float* mu_q, const float* sigma_q,
-    float logsig_p, float logsig_q, int64_t C, ContinuousRule rule, uint64_t seed, uint32_t row,
-    uint32_t position, uint32_t offset, float* out, bool* accepted) {
+LANTERN_HOST_DEVICE LANTERN_INLINE int32_t continuous_verify_token(const float* x, const float* mu_p,
+                                                                   const float* sigma_p, const float* mu_q,
+                                                                   const float* sigma_q, float logsig_p, float logsig_q,
+                                                                   int64_t C, ContinuousRule rule, uint64_t seed,
+                                                                   uint32_t row, uint32_t position, uint32_t offset,
+                                                                   float* out, bool* accepted) {
   const float bw = rule.paper ? rule.bandwidth : 1.0f;
   float log_r = log_gaussian(x, mu_p, sigma_p, bw, C) - log_gaussian(x, mu_q, sigma_q, bw, C);
   if (rule.paper) log_r = (rule.code_ratio ? logsig_p - logsig_q : logsig_q - logsig_p) + log_r;

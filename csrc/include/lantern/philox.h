@@ -34,8 +34,8 @@ LANTERN_HOST_DEVICE LANTERN_INLINE uint32_t umulhi32(uint32_t a, uint32_t b) {
 }
 
 // Word 0 of Philox4x32-10(counter = (c0, c1, c2, c3), key = seed).
-LANTERN_HOST_DEVICE LANTERN_INLINE uint32_t philox_word0(uint64_t seed, uint32_t c0, uint32_t c1,
-                                                         uint32_t c2, uint32_t c3) {
+LANTERN_HOST_DEVICE LANTERN_INLINE uint32_t philox_word0(uint64_t seed, uint32_t c0, uint32_t c1, uint32_t c2,
+                                                         uint32_t c3) {
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -60,8 +60,8 @@ LANTERN_HOST_DEVICE LANTERN_INLINE float uint_to_uniform_float(uint32_t bits) {
   return static_cast<float>(x) * 4.6566127342e-10f;
 }
 
-LANTERN_HOST_DEVICE LANTERN_INLINE float philox_uniform(uint64_t seed, uint32_t c0, uint32_t c1,
-                                                        uint32_t c2, uint32_t c3) {
+LANTERN_HOST_DEVICE LANTERN_INLINE float philox_uniform(uint64_t seed, uint32_t c0, uint32_t c1, uint32_t c2,
+                                                        uint32_t c3) {
   return uint_to_uniform_float(philox_word0(seed, c0, c1, c2, c3));
 }
 

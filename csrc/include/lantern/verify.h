@@ -113,8 +113,10 @@ LANTERN_HOST_DEVICE LANTERN_INLINE bool accepts_sampled(float u, Real q_x, Real 
 template <class Real>
 LANTERN_HOST_DEVICE LANTERN_INLINE Real product_rn(Real a, Real b) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(Real) == sizeof(float)) return __fmul_rn(a, b);
-  else return __dmul_rn(a, b);
+  if constexpr (sizeof(Real) == sizeof(float))
+    return __fmul_rn(a, b);
+  else
+    return __dmul_rn(a, b);
 #else
   return a * b;
 #endif

@@ -26,8 +26,8 @@ constexpr int64_t kNbrCols = 1024;  // codes per column tile
 
 // dist[y] = sum_j (x[j] - ct[j * stride + y])^2 for y < n, accumulated over j in order, float32.
 // ct is the transposed codebook [d, V] (row stride `stride`), offset to the tile's first code.
-LANTERN_CPU_CLONES inline void squared_distances(const float* x, int64_t d, const float* ct, int64_t stride,
-                                                 int64_t n, float* dist) {
+LANTERN_CPU_CLONES inline void squared_distances(const float* x, int64_t d, const float* ct, int64_t stride, int64_t n,
+                                                 float* dist) {
   for (int64_t y = 0; y < n; ++y) dist[y] = 0.f;
   for (int64_t j = 0; j < d; ++j) {
     const float xj = x[j];
@@ -121,8 +121,8 @@ inline uint64_t sampled_threshold(const float* codes, int64_t V, int64_t d, int6
 
 // Rows [r0, r1) (r1 - r0 <= kNbrRows) of the table: codes [V, d] and ct = codes transposed [d, V], both
 // float32; out [V, K] int32.
-inline void neighbour_rows(const float* codes, const float* ct, int64_t V, int64_t d, int64_t K, int64_t r0,
-                           int64_t r1, int32_t* out, NeighbourScratch& ws, bool sample = true) {
+inline void neighbour_rows(const float* codes, const float* ct, int64_t V, int64_t d, int64_t K, int64_t r0, int64_t r1,
+                           int32_t* out, NeighbourScratch& ws, bool sample = true) {
   const int64_t rows = r1 - r0;
   ws.dist.resize(kNbrCols);
   ws.cand.resize(kNbrRows);

@@ -125,8 +125,8 @@ LANTERN_CPU_CLONES inline void divide_by(const Real* x, int64_t V, Real t, Real*
 // l[lo..hi) = the guided logits of `node` (SPEC §1.1) at those tokens, divided by `temperature` when divide;
 // aux[lo..hi) is scratch.
 template <class Real>
-inline void guided_logits_range(const RowBlock& lc, const RowBlock& lu, int64_t node, int64_t V, int64_t lo,
-                                int64_t hi, Real cfg_scale, Real* l, Real* aux, bool divide, Real temperature) {
+inline void guided_logits_range(const RowBlock& lc, const RowBlock& lu, int64_t node, int64_t V, int64_t lo, int64_t hi,
+                                Real cfg_scale, Real* l, Real* aux, bool divide, Real temperature) {
   const int64_t n = hi - lo;
   Real* out = l + lo;
   const Real* c = out;
@@ -153,7 +153,8 @@ template <class Real>
 inline void guided_logits(const RowBlock& lc, const RowBlock& lu, int64_t node, int64_t V, Real cfg_scale, Real* l,
                           Real* aux, bool divide = false, Real temperature = Real(1),
                           const ParallelChunks* parallel = nullptr) {
-  if (!splits(parallel, V)) return guided_logits_range<Real>(lc, lu, node, V, 0, V, cfg_scale, l, aux, divide, temperature);
+  if (!splits(parallel, V))
+    return guided_logits_range<Real>(lc, lu, node, V, 0, V, cfg_scale, l, aux, divide, temperature);
   (*parallel)(V, kVocabChunk, [&](int64_t lo, int64_t hi) {
     guided_logits_range<Real>(lc, lu, node, V, lo, hi, cfg_scale, l, aux, divide, temperature);
   });
@@ -242,7 +243,8 @@ inline void target_distribution(const RowBlock& lc, const RowBlock& lu, int64_t 
       n = collect_at_least<Real>(l, V, kth_largest<Real>(l, V, s.top_k, ws.select), idx.data(), par, &ws.counts);
     }
   } else {
-    n = collect_at_least<Real>(l, V, -std::numeric_limits<Real>::max(), idx.data(), par, &ws.counts);  // excludes -inf, NaN
+    n = collect_at_least<Real>(l, V, -std::numeric_limits<Real>::max(), idx.data(), par,
+                               &ws.counts);  // excludes -inf, NaN
   }
   idx.resize(static_cast<size_t>(n));
   for (int32_t i : idx) support.member[i] = 1;

@@ -69,7 +69,7 @@ template <class Real>
 __device__ LANTERN_INLINE Real guide(Real c, Real u, Real s) {
   const Real guided = add_rn(u, mul_rn(s, sub_rn(c, u)));
   return (c == static_cast<Real>(-INFINITY) || u == static_cast<Real>(-INFINITY)) ? static_cast<Real>(-INFINITY)
-                                                                                   : guided;
+                                                                                  : guided;
 }
 
 // The guided logit of token i at a node (lc, lu: the node's rows; lu == nullptr without guidance).

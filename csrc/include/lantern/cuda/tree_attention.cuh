@@ -109,24 +109,40 @@ inline int64_t tree_attn_blocks_per_head(int64_t H, int64_t Hkv, int64_t T) {  /
 template <typename T>
 __device__ __forceinline__ float tree_attn_to_float(T x);
 template <>
-__device__ __forceinline__ float tree_attn_to_float<float>(float x) { return x; }
+__device__ __forceinline__ float tree_attn_to_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ float tree_attn_to_float<double>(double x) { return static_cast<float>(x); }
+__device__ __forceinline__ float tree_attn_to_float<double>(double x) {
+  return static_cast<float>(x);
+}
 template <>
-__device__ __forceinline__ float tree_attn_to_float<__half>(__half x) { return __half2float(x); }
+__device__ __forceinline__ float tree_attn_to_float<__half>(__half x) {
+  return __half2float(x);
+}
 template <>
-__device__ __forceinline__ float tree_attn_to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float tree_attn_to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 
 template <typename T>
 __device__ __forceinline__ T tree_attn_from_float(float x);
 template <>
-__device__ __forceinline__ float tree_attn_from_float<float>(float x) { return x; }
+__device__ __forceinline__ float tree_attn_from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ double tree_attn_from_float<double>(float x) { return static_cast<double>(x); }
+__device__ __forceinline__ double tree_attn_from_float<double>(float x) {
+  return static_cast<double>(x);
+}
 template <>
-__device__ __forceinline__ __half tree_attn_from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half tree_attn_from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 tree_attn_from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 tree_attn_from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 // The 16 bytes of `raw` (16 / sizeof(T) consecutive elements, little-endian) as floats.
 template <typename T>
@@ -171,8 +187,8 @@ __device__ __forceinline__ bool tree_attn_nonfinite(float x) { return !(fabsf(x)
 // whether this thread copied a non-finite element (one flag: screening here would cost registers the
 // Dp = 256 instances do not have).
 template <typename T, int Dp, int N>
-__device__ __forceinline__ bool tree_attn_load_tile(const T* __restrict__ src, int64_t sl, int n, int Dh,
-                                                    bool vec, float* __restrict__ dst, int ld) {
+__device__ __forceinline__ bool tree_attn_load_tile(const T* __restrict__ src, int64_t sl, int n, int Dh, bool vec,
+                                                    float* __restrict__ dst, int ld) {
   bool nonfinite = false;
   if (vec) {  // Dh == Dp, 16-byte aligned rows: one 16-byte chunk of kE elements per step
     constexpr int kE = 16 / static_cast<int>(sizeof(T));
@@ -192,7 +208,8 @@ __device__ __forceinline__ bool tree_attn_load_tile(const T* __restrict__ src, i
       float* out = dst + j * ld + d0;  // 8-byte aligned (kE >= 2, ld and d0 even); 16 when kE % 4 == 0
       if constexpr (kE % 4 == 0) {
 #pragma unroll
-        for (int i = 0; i < kE; i += 4) *reinterpret_cast<float4*>(out + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+        for (int i = 0; i < kE; i += 4)
+          *reinterpret_cast<float4*>(out + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
       } else {
         *reinterpret_cast<float2*>(out) = make_float2(f[0], f[1]);
       }
@@ -252,8 +269,7 @@ __device__ __forceinline__ void tree_attn_poison_rows(const TreeAttnParams& p, i
 // Grid: one CTA per (b, kv head g, block of kTreeAttnRows packed rows), x = (b * Hkv + g) * blocks + blk.
 // Block: kTreeAttnThreads. Dynamic shared memory: tree_attn_smem_bytes(Dp). Dh <= Dp.
 template <typename T, int Dp>
-__global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
-    tree_attention_kernel(const TreeAttnParams p) {
+__global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks) tree_attention_kernel(const TreeAttnParams p) {
   constexpr int N = tree_attn_tile(Dp);  // keys per tile
   constexpr int kKeysPerLane = N / 32;
   constexpr int kCols = Dp / 32;  // output columns per lane: lane + 32 c
@@ -273,7 +289,8 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
   int* bad_value_s = reinterpret_cast<int*>(p_s + kTreeAttnWarps * N * R);  // [N] tile index of a non-finite V
   int* bad_tile_s = bad_value_s + N;  // the index of the last tile with a non-finite V element
 
-  const int blk = static_cast<int>(blockIdx.x) % p.blocks_per_head, bg = static_cast<int>(blockIdx.x) / p.blocks_per_head;
+  const int blk = static_cast<int>(blockIdx.x) % p.blocks_per_head,
+            bg = static_cast<int>(blockIdx.x) / p.blocks_per_head;
   const int g = bg % p.Hkv, b = bg / p.Hkv;
   const int G = p.H / p.Hkv, rows = G * p.T, r0 = blk * kTreeAttnRows;
   const int64_t L = p.cache_len[b];
@@ -349,7 +366,8 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
     for (int d = 0; d < Dp; d += 4) {
       float4 kv[kKeysPerLane];
 #pragma unroll
-      for (int kk = 0; kk < kKeysPerLane; ++kk) kv[kk] = *reinterpret_cast<const float4*>(k_s + (lane + 32 * kk) * kLdK + d);
+      for (int kk = 0; kk < kKeysPerLane; ++kk)
+        kv[kk] = *reinterpret_cast<const float4*>(k_s + (lane + 32 * kk) * kLdK + d);
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         const float4 qv = *reinterpret_cast<const float4*>(q_w + i * Dp + d);
@@ -372,7 +390,8 @@ __global__ void __launch_bounds__(kTreeAttnThreads, kTreeAttnMinBlocks)
         if (!keep) s[i][kk] = -INFINITY;
         // a kept key with a non-finite score or value: a NaN score makes P, then the row's sum l, NaN for good
         // (no register to spare for a flag at Dp = 256), so the row is written as NaN
-        else if (tree_attn_nonfinite(s[i][kk]) || bad_value_s[j] == static_cast<int>(tile)) s[i][kk] = NAN;
+        else if (tree_attn_nonfinite(s[i][kk]) || bad_value_s[j] == static_cast<int>(tile))
+          s[i][kk] = NAN;
       }
     }
 

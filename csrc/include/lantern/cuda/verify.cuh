@@ -171,8 +171,8 @@ struct RowWalk {
   // ---- dense rows ------------------------------------------------------------------------------------------
 
   __device__ void enter_node(int64_t node, bool greedy) const {
-    target_distribution<NT, Real, In>(lc + node * V, lu == nullptr ? nullptr : lu + node * V, V, settings, greedy,
-                                      l, p, sh.target);
+    target_distribution<NT, Real, In>(lc + node * V, lu == nullptr ? nullptr : lu + node * V, V, settings, greedy, l, p,
+                                      sh.target);
   }
 
   // w / max(total, tiny) where total > 0, else 0 (the reference's _normalise), total = sum of the row.
@@ -244,7 +244,8 @@ struct RowWalk {
     for (uint32_t i = threadIdx.x; i < V; i += NT) {
       const Real w = p[i];
       r.mass += static_cast<double>(w);
-      if (w > Real(0)) race_offer<Real>(r.best, race_key<Real>(seed, i, static_cast<uint32_t>(node), row, offset, w), i);
+      if (w > Real(0))
+        race_offer<Real>(r.best, race_key<Real>(seed, i, static_cast<uint32_t>(node), row, offset, w), i);
     }
     return block_reduce<NT>(
         r,
@@ -345,8 +346,7 @@ struct RowWalk {
       if (best.i < 0 || g > best.v) best = {g, static_cast<int64_t>(i)};
     }
     best = block_reduce<NT>(
-        best,
-        [](ArgBest<Real> a, ArgBest<Real> b) { return better_at_lower_index(b.v, b.i, a.v, a.i) ? b : a; },
+        best, [](ArgBest<Real> a, ArgBest<Real> b) { return better_at_lower_index(b.v, b.i, a.v, a.i) ? b : a; },
         sh.target.block);
     return best.i < 0 ? 0 : best.i;
   }

@@ -22,7 +22,9 @@
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __shared__ static
-struct EmuDim3 { unsigned x = 0, y = 0, z = 0; };
+struct EmuDim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
 inline thread_local EmuDim3 threadIdx, blockIdx;
 namespace emu {
 inline std::unique_ptr<std::barrier<>> block_bar;
@@ -30,12 +32,18 @@ inline std::vector<std::unique_ptr<std::barrier<>>> warp_bar;
 inline uint64_t wbuf[32][32];
 inline std::atomic<int> or_acc{0};
 inline void warp_sync() { warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
-template <class F> void run_block(unsigned b, int nt, F body) {
+template <class F>
+void run_block(unsigned b, int nt, F body) {
   block_bar = std::make_unique<std::barrier<>>(nt);
   warp_bar.clear();
   for (int w = 0; w < nt / 32; ++w) warp_bar.push_back(std::make_unique<std::barrier<>>(32));
   std::vector<std::thread> th;
-  for (int t = 0; t < nt; ++t) th.emplace_back([=] { threadIdx.x = t; blockIdx.x = b; body(); });
+  for (int t = 0; t < nt; ++t)
+    th.emplace_back([=] {
+      threadIdx.x = t;
+      blockIdx.x = b;
+      body();
+    });
   for (auto& x : th) x.join();
 }
 }  // namespace emu
@@ -50,10 +58,12 @@ inline int __syncthreads_or(int p) {
   __syncthreads();
   return r;
 }
-template <class T> T emu_exchange(T v, int src, bool valid) {
+template <class T>
+T emu_exchange(T v, int src, bool valid) {
   static_assert(sizeof(T) <= 8);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
   emu::wbuf[w][lane] = bits;
   emu::warp_sync();
   T out = v;
@@ -61,9 +71,20 @@ template <class T> T emu_exchange(T v, int src, bool valid) {
   emu::warp_sync();
   return out;
 }
-template <class T> T __shfl_down_sync(unsigned, T v, unsigned d) { int l = threadIdx.x & 31; return emu_exchange(v, l + d, l + (int)d < 32); }
-template <class T> T __shfl_up_sync(unsigned, T v, unsigned d) { int l = threadIdx.x & 31; return emu_exchange(v, l - (int)d, l >= (int)d); }
-template <class T> T __shfl_sync(unsigned, T v, int src) { return emu_exchange(v, src, true); }
+template <class T>
+T __shfl_down_sync(unsigned, T v, unsigned d) {
+  int l = threadIdx.x & 31;
+  return emu_exchange(v, l + d, l + (int)d < 32);
+}
+template <class T>
+T __shfl_up_sync(unsigned, T v, unsigned d) {
+  int l = threadIdx.x & 31;
+  return emu_exchange(v, l - (int)d, l >= (int)d);
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+  return emu_exchange(v, src, true);
+}
 inline unsigned __ballot_sync(unsigned, int p) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   emu::wbuf[w][lane] = p ? 1 : 0;
