@@ -107,28 +107,8 @@ def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
     return None
 
 
-# the ops layer: lantern._backend chooses the backends and imports lantern.ops' modules, which import it back
-OPS_LAYER = ("lantern._backend", "lantern.ops")
-
-
-def _in_ops_layer(module: str) -> bool:
-    return any(module == m or module.startswith(m + ".") for m in OPS_LAYER)
-
-
-@pytest.mark.xfail(strict=True, reason="lantern._backend and lantern.ops import each other, and ops.checks and its "
-                                       "checks_* modules too: the ops layer's redesign (one module per op) removes "
-                                       "them; then this marker goes")
 def test_the_package_has_no_import_circle():
     cycle = find_cycle(import_graph())
-    assert cycle is None, "import circle: " + " -> ".join(cycle)
-
-
-def test_no_import_circle_outside_the_ops_layer():
-    """The package without the ops layer's modules (their circle is the test above's): the CLI, the sampling
-    job, decoding, models, hf."""
-    graph = {m: {o for o in others if not _in_ops_layer(o)} for m, others in import_graph().items()
-             if not _in_ops_layer(m)}
-    cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 

@@ -192,11 +192,28 @@ def dispatch(op_name: str, device: torch.device, backend: Optional[str] = None) 
     definition is replaced by the opaque ``lantern_reference::<op_name>`` that runs it."""
     impl = resolve(op_name, device, backend)
     if torch.compiler.is_compiling() and impl is _REGISTRY["reference"][op_name]:
-        from .ops import library
-
-        return library.OPS[op_name].reference_op
+        return _op_layer.reference_op(op_name)
     return impl
 
+
+
+class _OpLayer:
+    """What the dispatcher needs from the ops above it, installed by ``lantern.ops`` when it is imported
+    (``install_op_layer``), so that this module imports none of them: the opaque reference op of a name (for
+    tracing), the self-check module, and the modules that fill the fused tables (imported on first use)."""
+
+    reference_op: Callable[[str], Callable]
+    self_check: Callable[[], object]
+    fused_modules: Callable[[], Tuple[object, object]]
+
+
+_op_layer = _OpLayer()
+
+
+def install_op_layer(reference_op: Callable[[str], Callable], self_check: Callable[[], object],
+                     fused_modules: Callable[[], Tuple[object, object]]) -> None:
+    """Called once by ``lantern.ops`` at import: see ``_OpLayer``."""
+    _op_layer.reference_op, _op_layer.self_check, _op_layer.fused_modules = reference_op, self_check, fused_modules
 
 def _self_check_enabled() -> bool:
     return os.environ.get("LANTERN_SELF_CHECK", "1").strip().lower() not in ("0", "false", "off", "no")
@@ -226,16 +243,13 @@ def _passes_self_check(backend: str, op_name: str, device: torch.device) -> bool
         return _self_checks[key] is None
     if torch.compiler.is_compiling():
         return True
-    from .ops import self_check
-
-    if op_name not in self_check.CASES:  # tests/ops/test_self_check.py requires a case for every fused op
+    if op_name not in _op_layer.self_check().CASES:  # tests/ops/test_self_check.py requires a case for every fused op
         return True
     return _run_self_check(key) is None
 
 
 def _run_self_check(key: Tuple[str, str, str]) -> Optional[str]:
-    from .ops import self_check
-
+    self_check = _op_layer.self_check()
     backend, op_name, device_key = key
     with _self_check_lock:
         if key in _self_checks:  # another thread checked it meanwhile
@@ -268,8 +282,7 @@ def self_check_report() -> Dict[Tuple[str, str, str], Optional[str]]:
     import (...)"."""
     report = dict(_self_checks)
     if _loaded:
-        from .ops import triton_backend
-
+        _, triton_backend = _op_layer.fused_modules()
         report.update({("triton", op, "*"): why for op, why in triton_backend.import_failures().items()})
     return report
 
@@ -321,8 +334,7 @@ def _load_backends() -> None:
     with _load_lock:  # threads that enable a backend at once load the tables once, and see them whole
         if _loaded:
             return
-        from .ops import extension, triton_backend
-
+        extension, triton_backend = _op_layer.fused_modules()
         _AVAILABILITY.update(cpu=extension.cpu_unavailable, cuda=extension.cuda_unavailable,
                              triton=triton_backend.triton_unavailable)
         _REGISTRY["cpu"].update(extension.implementations("CPU"))

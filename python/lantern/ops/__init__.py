@@ -4,6 +4,8 @@ then runs the implementation of its ``backend=`` argument, by default the backen
 ``lantern.fused`` chose. Semantics: docs/SPEC.md."""
 from __future__ import annotations
 
+from .. import _backend
+
 # the submodules, as attributes of lantern.ops
 from . import checks as checks
 from . import library as library
@@ -32,3 +34,19 @@ __all__ = [
     "ContinuousVerifyResult",
     "continuous_verify",
 ]
+
+
+def _self_check_module():
+    from . import self_check
+
+    return self_check
+
+
+def _fused_modules():
+    from . import extension, triton_backend  # lantern._C and triton: imported on first use
+
+    return extension, triton_backend
+
+
+_backend.install_op_layer(reference_op=lambda name: library.OPS[name].reference_op, self_check=_self_check_module,
+                          fused_modules=_fused_modules)
