@@ -19,7 +19,7 @@ import torch
 import lantern
 
 from .bench_plans import CLOCKS, batches_main
-from .bench_speedup import setup
+from .bench_speedup import setup, tokens_per_row_step
 from .common import Report, interleaved_medians
 
 SJD = {f"sjd{w}": dict(method="sjd", tree="chain", window=w) for w in (2, 4, 8, 16)}
@@ -82,7 +82,7 @@ def run(report: Report, batches=(1, 8), repeats: int = 2, images: int = 16, cloc
                 tokens = torch.cat([out[0] for out in last[name]])
                 figures = quality(vq, tokens, torch.cat(labels), side)
                 if name != "ar":
-                    figures.update(tau=_tau([out[1] for out in last[name]]))
+                    figures.update(tau=tokens_per_row_step([out[1] for out in last[name]]))
                 report.add("sjd", case, name, seconds, **figures)
                 figures["speedup"] = medians["ar"] / seconds
                 rows[name] = figures
@@ -91,11 +91,6 @@ def run(report: Report, batches=(1, 8), repeats: int = 2, images: int = 16, cloc
                       f"{figures['class_accuracy']:.3f}  FD {figures['fd']:.2f}", flush=True)
             summary[B] = rows
     return summary
-
-
-def _tau(all_stats) -> float:
-    """Tokens per row step over the calls of one timed sample."""
-    return sum(s.emitted for s in all_stats) / max(sum(s.row_steps for s in all_stats), 1)
 
 
 def main() -> None:

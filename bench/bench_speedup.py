@@ -68,6 +68,11 @@ def setup(directory=None):
     return tiny.gpt, drafter, table, sampling
 
 
+def tokens_per_row_step(all_stats) -> float:
+    """τ over the SpecStats of several generate calls: tokens emitted per row step."""
+    return sum(s.emitted for s in all_stats) / max(sum(s.row_steps for s in all_stats), 1)
+
+
 class Contenders:
     """The timed samples: ``run(name)`` makes ``len(labels)`` generate calls with one contender; it keeps
     the last sample's stats and the compile seconds of the contender's first sample (the warm-up)."""
@@ -122,7 +127,7 @@ class Contenders:
     def tau(self, name: str) -> float:
         """Tokens per row step over the last sample (1 for the AR loops)."""
         stats = self.stats.get(name) or []
-        return sum(s.emitted for s in stats) / max(sum(s.row_steps for s in stats), 1) if stats else 1.0
+        return tokens_per_row_step(stats) if stats else 1.0
 
     def plans(self, name: str) -> str:
         counts = {}
