@@ -33,9 +33,11 @@ $(STAMP): $(VENV)/bin/python requirements.txt setup.py pyproject.toml $(CSRC)
 	touch $@
 
 # the suite on TEST_JOBS processes (pytest-xdist), each test file whole in one process (module fixtures are
-# built once); TEST_JOBS=0 runs it in this process
+# built once), the files handed out in collection order, where tests/conftest.py puts the longest first
+# (xdist would otherwise start the files with the most tests first, and the long files with few tests last);
+# TEST_JOBS=0 runs it in this process
 TEST_JOBS ?= 2
-PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 test: install
 	$(PYTEST)

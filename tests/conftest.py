@@ -40,13 +40,51 @@ def _register_hypothesis_profiles():
 _register_hypothesis_profiles()
 
 
+# The files that take longest on a CPU-only machine (worker-seconds of a 2-process `make test`, longest first):
+# they are collected first so that pytest-xdist (--dist loadfile --no-loadscope-reorder: a whole file per
+# process, handed out in collection order) starts them first and ends the run on short files, instead of one
+# process still running a long file while the other waits. Every other file follows in its usual order.
+# tests/test_ci_scripts.py checks that each of these files exists.
+LONGEST_FILES = (
+    "tests/decoding/test_triton_loop.py",
+    "tests/test_sampling.py",
+    "tests/test_cli.py",
+    "tests/decoding/test_spec_statistics_tiny.py",
+    "tests/ops/test_verify_cuda_emulated.py",
+    "tests/ops/test_verify.py",
+    "tests/test_cli_mar.py",
+    "tests/ops/test_tree_attention_cuda_emulated.py",
+    "tests/stats/test_cspd_laws.py",
+    "tests/test_gpu_check.py",
+    "tests/ops/test_sanitizers.py",
+    "tests/decoding/test_compile_loop.py",
+    "tests/test_compile_step.py",
+    "tests/hf/test_compile.py",
+    "tests/decoding/test_compile_auto.py",
+    "tests/ops/test_latent_neighbours.py",
+)
+
+
+def _longest_first(items):
+    """items reordered, stably, so that the files of LONGEST_FILES come first, in its order (a file's tests keep
+    their order: some tests read what the tests above them in the file recorded)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+
+    def file_rank(item):
+        return rank.get(item.nodeid.split("::", 1)[0], len(LONGEST_FILES))
+
+    items[:] = sorted(items, key=file_rank)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need a CUDA device: skip them cleanly without one. Without one, the triton backend's
-    tests run under Triton's interpreter (every program in Python, 10-30x the cpu backend's time): they are
-    marked ``slow``, so that ``make test-fast`` (-m "not slow") leaves them to ``make test``."""
+    """The longest files first (``_longest_first``). Tests marked ``gpu`` need a CUDA device: skip them cleanly
+    without one. Without one, the triton backend's tests run under Triton's interpreter (every program in
+    Python, 10-30x the cpu backend's time): they are marked ``slow``, so that ``make test-fast``
+    (-m "not slow") leaves them to ``make test``."""
     import pytest
     import torch
 
+    _longest_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

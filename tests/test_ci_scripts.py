@@ -26,3 +26,18 @@ def test_every_test_id_in_the_ci_scripts_exists():
             elif name and not re.search(rf"^def {name}\(", source.read_text(), re.M):
                 missing.append(f"{script.name}: {path}::{name}")
     assert not missing, missing
+
+
+def test_the_files_the_suite_starts_with_exist():
+    """tests/conftest.py's LONGEST_FILES (the files make test starts first) and the Makefile's FAST_IGNORE (the
+    files make test-fast leaves out) name files that exist: a renamed or split file would silently fall back to
+    the usual order, or into the inner loop."""
+    from conftest import LONGEST_FILES
+
+    makefile = (ROOT / "Makefile").read_text()
+    ignored = re.findall(r"--ignore=(\S+)", makefile)
+    globs = re.findall(r"--ignore-glob='([^']+)'", makefile)
+    assert ignored and globs, "the patterns find the Makefile's FAST_IGNORE"
+    missing = [path for path in (*LONGEST_FILES, *ignored) if not (ROOT / path).is_file()]
+    missing += [glob for glob in globs if not list((ROOT / "tests").rglob(glob))]
+    assert not missing, missing

@@ -68,15 +68,23 @@ def rank_buckets(laws: torch.Tensor):
     return bucket, probs
 
 
-def first_two_tests(tiny, out):
-    """(exact (x0, x1) test, test of x1's rank bucket)."""
+@pytest.fixture(scope="module")
+def laws(tiny):
+    """The exact AR laws, the same for every test here (computed once): p0 [V] of x0, p1 [V (x0), V (x1)] of x1
+    given x0, and x1's rank buckets under p1 (``rank_buckets``: [V, V] and [V, nb])."""
     target, _, cfg_scale = tiny
     V = target.config.vocab_size
-    p0 = next_token_law(target, torch.zeros(1, 0, dtype=torch.int64), cfg_scale)[0]  # [V]
-    p1 = next_token_law(target, torch.arange(V)[:, None], cfg_scale)  # [V (x0), V (x1)]
+    p0 = next_token_law(target, torch.zeros(1, 0, dtype=torch.int64), cfg_scale)[0]
+    p1 = next_token_law(target, torch.arange(V)[:, None], cfg_scale)
+    return p0, p1, *rank_buckets(p1)
+
+
+def first_two_tests(laws, out):
+    """(exact (x0, x1) test, test of x1's rank bucket)."""
+    p0, p1, bucket, bucket_probs = laws
+    V = p0.shape[0]
     counts = np.bincount((out[:, 0] * V + out[:, 1]).numpy(), minlength=V * V).astype(float)
     exact = g_test(counts, (p0[:, None] * p1).reshape(-1).numpy())
-    bucket, bucket_probs = rank_buckets(p1)  # [V, V], [V, nb]
     nb = bucket_probs.shape[1]
     coarse = g_test(np.bincount(bucket[out[:, 0], out[:, 1]].numpy(), minlength=nb).astype(float),
                     (p0[:, None] * bucket_probs).sum(0).numpy())
@@ -90,14 +98,14 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.tree}-{c.draft_kind()}")
-def test_delta0_reproduces_ar_at_the_first_positions(tiny, config):
+def test_delta0_reproduces_ar_at_the_first_positions(tiny, laws, config):
     out = first_tokens(tiny, config)
-    exact, coarse = first_two_tests(tiny, out)
+    exact, coarse = first_two_tests(laws, out)
     assert_fits(exact, f"(x0, x1) under {config.tree}")
     assert_fits(coarse, f"rank bucket of x1 under {config.tree}")
 
 
-def test_negative_control_unguided_verification_is_rejected(tiny, monkeypatch):
+def test_negative_control_unguided_verification_is_rejected(tiny, laws, monkeypatch):
     """A loop that verifies its trees without guidance (the first token is still guided)."""
     verify = ops.verify
 
@@ -108,6 +116,6 @@ def test_negative_control_unguided_verification_is_rejected(tiny, monkeypatch):
 
     monkeypatch.setattr(ops, "verify", unguided_trees)
     out = first_tokens(tiny, CONFIGS[0])
-    exact, coarse = first_two_tests(tiny, out)
+    exact, coarse = first_two_tests(laws, out)
     assert_fails_widely(exact, "unguided tree verification, (x0, x1)")
     assert_fails_widely(coarse, "unguided tree verification, rank bucket of x1")
