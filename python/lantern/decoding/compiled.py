@@ -19,6 +19,7 @@ sampling run eagerly around them), so a Python int offset causes no recompilatio
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -179,6 +180,20 @@ class CompileStats:
                 "shapes": sorted(f"{kind} rows {key[0]} nodes {key[1]}" for kind, key in self.seen)}
 
 
+def _layout(args) -> Tuple:
+    """The shapes, strides and dtypes of the tensors in args (dataclasses of tensors included): a graph is
+    specialised to them (an expanded mask and a contiguous one of the same shape are two graphs)."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((tuple(a.shape), a.stride(), a.dtype))
+        elif dataclasses.is_dataclass(a):
+            out.append(_layout(vars(a).values()))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
 def _traced_state() -> Tuple:
     """What a graph depends on besides its inputs' shapes and dtypes: the fused backend the ops dispatch to
     while tracing, grad mode and inference mode."""
@@ -190,11 +205,11 @@ def _traced_state() -> Tuple:
 class _Compiled:
     """A compiled function that times its calls that compiled a new graph (dynamo's graph counter grew).
 
-    A call is keyed by everything its graph is specialised to (the caller's shape key: rows, node count,
-    cache shape and dtype; and ``_traced_state``). Dynamo checks each call's inputs against its graphs'
-    guards (hundreds of tensor checks for a 16-layer model's parameters, ~0.3 ms a call on a CPU); at a key
-    already called, only the guards that tell this function's graphs apart run
-    (``skip_guard_eval_unsafe``): the graph that served the key before serves it again."""
+    A call is keyed by everything its graph is specialised to: the caller's shape key (rows, node count,
+    cache shape and dtype), the arguments' shapes, strides and dtypes, and ``_traced_state``. Dynamo checks
+    each call's inputs against its graphs' guards (hundreds of tensor checks for a 16-layer model's
+    parameters, ~0.3 ms a call on a CPU); at a key already called, only the guards that tell this function's
+    graphs apart run (``skip_guard_eval_unsafe``): the graph that served the key before serves it again."""
 
     def __init__(self, fn, options: dict, kind: str, device: torch.device):
         if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:
@@ -202,13 +217,13 @@ class _Compiled:
         self.fn = torch.compile(fn, fullgraph=True, dynamic=False, **options)
         self.cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune")
         self.kind, self.device = kind, device
-        self.known = set()  # (shape key, traced state) called before (no compile expected)
+        self.known = set()  # (shape key, argument layout, traced state) called before (no compile expected)
         self.stats = CompileStats()  # the current run's (set by ``compiled_target`` / ``compiled_drafter``)
 
     def __call__(self, key: Tuple, *args):
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        full_key = (key, _traced_state())
+        full_key = (key, _layout(args), _traced_state())
         if full_key in self.known:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                 out = self.fn(*args)
