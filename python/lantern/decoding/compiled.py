@@ -214,7 +214,9 @@ class _Compiled:
     def __init__(self, fn, options: dict, kind: str, device: torch.device):
         if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:
             torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
-        self.fn = torch.compile(fn, fullgraph=True, dynamic=False, **options)
+        # isolate_recompiles: this wrapper's graphs are its own (a process's wrappers of other models share
+        # the traced functions' code objects), so the guards that tell them apart are about its shapes only
+        self.fn = torch.compile(fn, fullgraph=True, dynamic=False, isolate_recompiles=True, **options)
         self.cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune")
         self.kind, self.device = kind, device
         self.known = set()  # (shape key, argument layout, traced state) called before (no compile expected)
