@@ -62,7 +62,7 @@ lint: install
 	git ls-files -z 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cuh' | xargs -0 $(VENV)/bin/clang-format --dry-run --Werror
 
 demo: install
-	$(VENV)/bin/lantern generate --method lantern --fused auto --per-class 1 --out samples.png --json samples.json
+	$(VENV)/bin/lantern generate --method lantern --fused auto --per-class 1 --repeats 3 --out samples.png --json samples.json
 
 bench: install
 	$(VENV)/bin/python -m bench

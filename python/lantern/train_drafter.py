@@ -4,8 +4,15 @@
 
 Loss (EAGLE): SmoothL1 between the predicted and the target's next hidden state, plus 0.1 x the
 cross-entropy of the drafter's logits (the target's frozen head on the prediction) against the target's
-own next-token distribution. Rows are trained for both CFG halves (the class and the null class), since
-decoding runs the drafter on both.
+own next-token distribution. Rows are trained for both CFG halves (the class and the null class; a t2i
+target's caption and its unconditional caption), since decoding runs the drafter on both.
+
+A drafter that attends to the condition (``EagleDrafter(attend_condition=True)``, the LANTERN authors' T2I
+layout) trains on the target's hidden states over the condition too: ``target_features(...,
+condition_hidden=True)`` gives them (what the target's prefill keeps for the drafter at decoding time) and
+``train(..., attend_condition=True, condition_hidden=...)`` passes each batch's rows of them to the drafter.
+The command line trains the tiny class-conditional model's drafter (one condition position: nothing to
+attend to); the functions take a t2i target.
 """
 from __future__ import annotations
 
@@ -26,29 +33,41 @@ from .models.drafter import EagleDrafter
 
 @torch.no_grad()
 def self_generated(target, n_images: int, *, cfg_scale: float, temperature: float, top_k: int, seed: int,
-                   batch: int = 256):
-    """(tokens [N, L], labels [N]): the target's own samples, classes balanced."""
-    labels = torch.arange(n_images) % target.config.num_classes
+                   batch: int = 256, conditions=None, emb_masks=None):
+    """(tokens [N, L], conditions [N, ...]): the target's own samples; conditions: class ids [N] or t2i
+    captions [N, C, caption_dim] (with their emb_masks [N, C]), default the classes, balanced."""
+    if conditions is None:
+        conditions = torch.arange(n_images) % target.config.num_classes
+    elif conditions.shape[0] != n_images:
+        raise ValueError(f"conditions must have n_images = {n_images} rows, got {list(conditions.shape)}")
     chunks = []
     for start in tqdm(range(0, n_images, batch), desc="sampling the target", unit="batch"):
-        chunk = labels[start : start + batch]
-        chunks.append(generate_ar(target, chunk, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
-                                  seed=seed + start))
-    return torch.cat(chunks), labels
+        masks = None if emb_masks is None else emb_masks[start: start + batch]
+        chunks.append(generate_ar(target, conditions[start: start + batch], cfg_scale=cfg_scale,
+                                  temperature=temperature, top_k=top_k, seed=seed + start, emb_masks=masks))
+    return torch.cat(chunks), conditions
 
 
 @torch.no_grad()
-def target_features(target, tokens, labels):
-    """Post-norm hidden states [N, 1 + L, dim] for the class rows and the null-class rows of the same images."""
-    null = torch.full_like(labels, target.config.num_classes)
-    _, h_cond = target.forward_full(tokens, labels, return_hidden=True)
-    _, h_null = target.forward_full(tokens, null, return_hidden=True)
-    return torch.cat([tokens, tokens]), torch.cat([h_cond, h_null])
+def target_features(target, tokens, conditions, *, emb_masks=None, condition_hidden: bool = False):
+    """The rows of the conditional and the unconditional half of the same images (the null class; a t2i
+    caption's unconditional caption with the caption's padding, as guidance runs them):
+    (tokens [2N, L], post-norm hidden states [2N, 1 + L, dim]), and with condition_hidden the hidden states
+    over the condition [2N, C, dim] (an attend_condition drafter's prefix)."""
+    uncond = target.double_for_cfg(conditions)[conditions.shape[0]:]
+    keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)  # no condition dropout
+    rows = []
+    for cond in (conditions, uncond):
+        rows.append(target.forward_full(tokens, cond, force_drop_ids=keep, return_hidden=True, emb_masks=emb_masks,
+                                        return_condition_hidden=condition_hidden)[1:])
+    features = (torch.cat([tokens, tokens]), *(torch.cat(parts) for parts in zip(*rows)))
+    return features
 
 
-def drafter_loss(drafter, target, tokens, hidden):
-    """tokens [R, L]; hidden [R, 1 + L, dim]: hidden[:, t] is the target state before token t."""
-    pred = drafter.forward_train(tokens[:, :-1], hidden[:, :-2])  # predicts hidden[:, 1:-1]
+def drafter_loss(drafter, target, tokens, hidden, condition_hidden=None):
+    """tokens [R, L]; hidden [R, 1 + L, dim]: hidden[:, t] is the target state before token t; condition_hidden
+    [R, C, dim] the target's hidden states over the condition (an attend_condition drafter's)."""
+    pred = drafter.forward_train(tokens[:, :-1], hidden[:, :-2], condition_hidden)  # predicts hidden[:, 1:-1]
     want = hidden[:, 1:-1]
     regression = F.smooth_l1_loss(pred, want)
     with torch.no_grad():
@@ -57,9 +76,15 @@ def drafter_loss(drafter, target, tokens, hidden):
     return regression + 0.1 * ce, regression, ce
 
 
-def train(target, tokens, hidden, *, steps: int, batch: int, lr: float, seed: int, n_layer: int = 1):
+def train(target, tokens, hidden, *, steps: int, batch: int, lr: float, seed: int, n_layer: int = 1,
+          layout: str = "lantern", attend_condition: bool = False, condition_hidden=None):
+    """A drafter (``EagleDrafter(layout, attend_condition)``) trained on rows tokens [N, L] / hidden [N, 1 + L,
+    dim] (``target_features``); attend_condition needs condition_hidden [N, C, dim], the target's hidden states
+    over each row's condition, of a target whose condition has more than one position (t2i)."""
+    _check_condition_hidden(target, tokens.shape[0], attend_condition, condition_hidden)
     torch.manual_seed(seed)
-    drafter = EagleDrafter(target.config, n_layer=n_layer).bind(target)
+    drafter = EagleDrafter(target.config, n_layer=n_layer, layout=layout,
+                           attend_condition=attend_condition).bind(target)
     for p in target.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
@@ -69,7 +94,8 @@ def train(target, tokens, hidden, *, steps: int, batch: int, lr: float, seed: in
     bar = tqdm(range(steps), desc="training the drafter")
     for step in bar:
         idx = torch.randint(tokens.shape[0], (batch,))
-        loss, reg, ce = drafter_loss(drafter, target, tokens[idx], hidden[idx])
+        condition = None if condition_hidden is None else condition_hidden[idx]
+        loss, reg, ce = drafter_loss(drafter, target, tokens[idx], hidden[idx], condition)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -80,10 +106,26 @@ def train(target, tokens, hidden, *, steps: int, batch: int, lr: float, seed: in
     return drafter.eval()
 
 
+def _check_condition_hidden(target, rows: int, attend_condition: bool, condition_hidden) -> None:
+    """ValueError naming the argument unless condition_hidden is given exactly when attend_condition is, with
+    [rows, C, dim] and C > 1."""
+    if not attend_condition:
+        if condition_hidden is not None:
+            raise ValueError("condition_hidden is for attend_condition=True (a drafter without it does not read it)")
+        return
+    C, D = target.config.cond_len, target.config.dim
+    if C < 2:
+        raise ValueError(f"attend_condition needs a target whose condition has more than one position (t2i); "
+                         f"this one has {C}")
+    if not isinstance(condition_hidden, torch.Tensor) or tuple(condition_hidden.shape) != (rows, C, D):
+        raise ValueError(f"attend_condition=True needs condition_hidden [{rows}, {C}, {D}] (target_features(..., "
+                         f"condition_hidden=True)), got {list(getattr(condition_hidden, 'shape', [])) or None}")
+
+
 @torch.no_grad()
-def top1_agreement(drafter, target, tokens, hidden) -> float:
+def top1_agreement(drafter, target, tokens, hidden, condition_hidden=None) -> float:
     """How often the drafter's argmax equals the target's argmax (teacher-forced, held-out images)."""
-    pred = drafter.forward_train(tokens[:, :-1], hidden[:, :-2])
+    pred = drafter.forward_train(tokens[:, :-1], hidden[:, :-2], condition_hidden)
     return (drafter.logits(pred).argmax(-1) == target.output(hidden[:, 1:-1]).argmax(-1)).float().mean().item()
 
 

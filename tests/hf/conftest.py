@@ -33,3 +33,24 @@ def janus_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("janus")
     save_janus_dir(directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def emu3_dir(tmp_path_factory):
+    """A model directory of the tiny random Emu3 and its tokenizer and processor, built in-process."""
+    from hf_models import save_emu3_dir
+
+    directory = tmp_path_factory.mktemp("emu3")
+    save_emu3_dir(directory)
+    return directory
+
+
+@pytest.fixture
+def emu3_generation_size(monkeypatch):
+    """Emu3Processor's generation size set to the tiny Emu3's image (hf_models.EMU3_GENERATION_SIZE)."""
+    from transformers import Emu3Processor
+
+    from hf_models import EMU3_GENERATION_SIZE
+
+    for name, value in EMU3_GENERATION_SIZE.items():
+        monkeypatch.setattr(Emu3Processor, name, value)

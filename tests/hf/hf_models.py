@@ -105,3 +105,37 @@ def save_janus_dir(directory) -> None:
                                            generation_kwargs={"boi_token_id": JANUS_BOI})
     m.save_pretrained(directory)
     tiny_processor().save_pretrained(directory)
+
+
+EMU3_SPECIAL = {"image_token": "<image>", "boi_token": "<|image start|>", "eoi_token": "<|image end|>",
+                "image_wrapper_token": "<|image token|>", "eof_token": "<|extra_201|>"}
+# Emu3Processor's generation size is a class attribute (ratio, image_area: 720 x 720 pixels, 90 x 90 tokens), which
+# save_pretrained does not keep: the tests set it to EMU3_HW's (image_area = 8 * 8 pixels per token)
+EMU3_GENERATION_SIZE = dict(ratio=f"{EMU3_HW[1]}:{EMU3_HW[0]}", image_area=64 * EMU3_HW[0] * EMU3_HW[1])
+
+
+def tiny_emu3_processor():
+    """An Emu3 processor over a word-level tokenizer of WORDS, the digits and "*" (its prompt's "H*W"), built
+    in-process; its special tokens have the tiny Emu3's ids (random_models.emu3_config's vocabulary map), and it
+    pads on the left, as Emu3's tokenizer does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import Emu3ImageProcessor, Emu3Processor, PreTrainedTokenizerFast
+
+    from lantern.hf.random_models import emu3_config
+
+    vocabulary_map = emu3_config().vocabulary_map
+    text = ["<pad>", "<bos>", "<eos>", *WORDS, *"0123456789", "*", "<|image end|>"]  # text ids 0, 1, ...
+    vocab = {token: i for i, token in enumerate(text)}
+    vocab.update({token: vocabulary_map[token] for token in EMU3_SPECIAL.values() if token in vocabulary_map})
+    vocab["<|extra_200|>"] = vocabulary_map["<|extra_200|>"]
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   padding_side="left", extra_special_tokens=EMU3_SPECIAL)
+    return Emu3Processor(image_processor=Emu3ImageProcessor(), tokenizer=fast)
+
+
+def save_emu3_dir(directory) -> None:
+    """The tiny float32 Emu3 and tiny_emu3_processor() saved as a model directory."""
+    model("emu3", torch.float32).save_pretrained(directory)
+    tiny_emu3_processor().save_pretrained(directory)

@@ -3,24 +3,31 @@ HFTarget): the compiled forwards (node counts padded to buckets, the attention o
 4D mask) give the eager greedy tokens; the choice and its reason are in the stats; a model whose forward does not
 trace in one graph runs eagerly under "auto" (the reason in the stats) and makes compile=True raise, naming the
 reason. The fast tests compile with dynamo alone (backend "eager": what traces, and the padding); inductor
-itself is the slow test (minutes of C++ compiling on a loaded CPU)."""
+itself is the slow test (minutes of C++ compiling on a loaded CPU). wrap(attention="lantern") (the tree forwards'
+attention through ops.tree_attention) compiles too, with the reference op and with the fused CPU kernel."""
 import pytest
 import torch
 
 import lantern
 import lantern.hf
-from hf_models import emu3_prompt, janus_prompt, model, wrap
+from hf_models import emu3_prompt, janus_prompt, left_padded, model, wrap
 from lantern.hf.random_models import random_model
 
 DYNAMO = {"backend": "eager"}  # dynamo's trace in one graph (fullgraph), without a compiler's time
 CFG_SCALE = 2.0
 
 
-def run(kind, method, compile, **options):
+def run(kind, method, compile, attention="model", **options):
     m = model(kind)
-    ids, mask = janus_prompt([[5, 6, 7], [9]]) if kind == "janus" else emu3_prompt(m, [[5, 6], [11, 12, 13]])
-    return lantern.generate(wrap(m), ids, attention_mask=mask, method=method, cfg_scale=CFG_SCALE,
-                            temperature=0, compile=compile, **options)
+    if kind == "janus":
+        ids, mask = janus_prompt([[5, 6, 7], [9]])
+    elif kind == "emu3":
+        ids, mask = emu3_prompt(m, [[5, 6], [11, 12, 13]])
+    else:  # chameleon: a 32 x 32 image; its first 10 codes
+        ids, mask = left_padded([[3, 5, 6, 7], [3, 9]])
+        options = dict(length=10, **options)
+    return lantern.generate(wrap(m, attention=attention), ids, attention_mask=mask, method=method,
+                            cfg_scale=CFG_SCALE, temperature=0, compile=compile, **options)
 
 
 @pytest.mark.parametrize("kind,method,options", [("janus", "sjd", dict(tree="chain", window=4)),
@@ -44,6 +51,50 @@ def test_inductor_gives_the_eager_greedy_tokens(kind, method, options):
     eager, _ = run(kind, method, False, **options)
     compiled, _ = run(kind, method, True, **options)
     assert compiled.tolist() == eager.tolist()
+
+
+def run_with_lantern_attention(kind, method, compile, backend, options):
+    """run(attention="lantern") under lantern.fused(backend) -> (tokens, stats as a dict)."""
+    stats = {} if method == "ar" else None
+    with lantern.fused(backend):
+        tokens, spec_stats = run(kind, method, compile, attention="lantern", **options,
+                                 **({"stats": stats} if stats is not None else {}))
+    return tokens, (stats if stats is not None else vars(spec_stats))
+
+
+LANTERN_ATTENTION = [("janus", "sjd", "reference", dict(tree="chain", window=4)),
+                     ("chameleon", "sjd", "reference", dict(tree="chain", window=3)),
+                     ("emu3", "ar", "cpu", {})]
+
+
+def assert_compiled_lantern_attention_gives_eager_tokens(kind, method, backend, options, compile):
+    eager, _ = run_with_lantern_attention(kind, method, False, backend, options)
+    compiled, stats = run_with_lantern_attention(kind, method, compile, backend, options)
+    assert compiled.tolist() == eager.tolist()
+    assert stats["compile"].startswith("on (") and stats["compiled_graphs"] >= 1
+    assert model(kind).config.get_text_config()._attn_implementation == "sdpa"  # restored after the forwards
+
+
+def test_lantern_attention_traces_and_gives_the_eager_greedy_tokens():
+    """wrap(attention="lantern"), dynamo's trace (Emu3's AR steps; each family under inductor in the slow test):
+    the attention function switched in and out inside the graph, the fused CPU kernel an operator of every
+    decoding graph (a backend that records the graphs dynamo hands it)."""
+    graphs = []
+
+    def recording(graph_module, example_inputs):
+        graphs.append({str(node.target) for node in graph_module.graph.nodes if node.op == "call_function"})
+        return graph_module.forward
+
+    assert_compiled_lantern_attention_gives_eager_tokens(*LANTERN_ATTENTION[-1], {"backend": recording})
+    assert graphs and all("lantern.tree_attention" in ops_called for ops_called in graphs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,method,backend,options", LANTERN_ATTENTION, ids=[c[0] for c in LANTERN_ATTENTION])
+def test_lantern_attention_under_inductor_gives_the_eager_greedy_tokens(kind, method, backend, options):
+    """wrap(attention="lantern") with compile=True: inductor's C++ code around ops.tree_attention (the reference
+    op, and the fused CPU kernel for Emu3; Janus: a window of 5 nodes padded to 8)."""
+    assert_compiled_lantern_attention_gives_eager_tokens(kind, method, backend, options, True)
 
 
 def test_auto_stays_eager_on_a_cpu_and_says_why(monkeypatch):

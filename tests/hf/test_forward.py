@@ -82,6 +82,28 @@ def test_row_ends_are_forced_by_the_mask():
             assert ok[:, : V - 1].all() and not ok[:, V - 1].any()
 
 
+def test_one_node_steps_force_the_row_ends_as_a_chain_does():
+    """Emu3's AR steps (one node per row; the rows' raster positions come with the forward's host read) give the
+    chain forward's logits, row-end masks included: rows at the same raster position (every row predicting a
+    code, or every row a row end), and rows at different positions in one step (one predicting a row end, one a
+    code, one at a row end itself)."""
+    n = 9
+    m, view, ids, mask, first = prefilled("emu3", n)
+    V, W1 = view.config.vocab_size, view.config.width + 1
+    torch.manual_seed(4)
+    codes = torch.randint(0, view.rules.n_codes, (3, n))
+    codes[:, torch.arange(n) % W1 == W1 - 1] = V - 1
+    committed = view.cond_keys.clone()
+    chain = view(codes, cache_len=committed)  # [3, n, V] predicts positions 1..n
+    steps = torch.cat([view(codes[:, p: p + 1], cache_len=committed + p) for p in range(n)], 1)
+    torch.testing.assert_close(steps, chain, rtol=1e-5, atol=1e-5)
+    at = torch.tensor([W1 - 2, W1 - 3, W1 - 1])  # each row's node: predicts a row end, a code, a code
+    mixed = view(codes.gather(1, at[:, None]), cache_len=committed + at)  # [3, 1, V]
+    torch.testing.assert_close(mixed[:, 0], chain[torch.arange(3), at], rtol=1e-5, atol=1e-5)
+    assert allowed(mixed[0, 0]).tolist() == [False] * (V - 1) + [True]  # the row end alone
+    assert allowed(mixed[1:, 0]).tolist() == [[True] * (V - 1) + [False]] * 2
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_tree_forward_equals_each_branch_and_a_causal_mask_does_not(kind):
     """Nodes: root, a1, a2 (branch a), b1, b2 (branch b). Rows 0 and 1 differ in prompt and branches."""

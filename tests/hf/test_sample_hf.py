@@ -1,5 +1,5 @@
-"""``lantern sample --hf DIR`` (and ``lantern.sample(..., hf=DIR)``) on the tiny random Janus saved as a model
-directory with a tokenizer built in-process (no download).
+"""``lantern sample --hf DIR`` (and ``lantern.sample(..., hf=DIR)``) on the tiny random Janus and Emu3 saved as
+model directories with tokenizers and processors built in-process (no download).
 
 What the equality with ``lantern generate --hf`` / ``lantern.generate`` depends on: the same weights and dtype
 (float32 here), the same prompts encoded by DIR's processor *in the same batch* (a block's prompts are padded
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import lantern
-from hf_models import model, tiny_processor, wrap
+from hf_models import EMU3_HW, model, tiny_emu3_processor, tiny_processor, wrap
 from lantern.cli import main
 from lantern.hf.cli import to_pixels
 
@@ -67,6 +67,40 @@ def test_sample_hf_images_are_generate_hf_codes_decoded(janus_dir, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["hf"] == str(janus_dir) and config["prompts"] == PROMPTS and config["cfg_scale"] == 5.0
     assert config["model_class"] == "JanusForConditionalGeneration" and "transformers" in config["numerics"]
+
+
+def test_sample_hf_emu3_images_are_generate_hf_codes_decoded(emu3_dir, emu3_generation_size, tmp_path):
+    """Emu3: the processor's prompt ("H*W" image size), its forced row ends, guidance with --negative-prompt."""
+    figures, out = tmp_path / "run.json", tmp_path / "samples"
+    method = ["--method", "sjd", "--tree", "chain", "--window", "4", "--temperature", "1", "--seed", "3",
+              "--negative-prompt", "blue mat"]
+    assert main(["generate", "--hf", str(emu3_dir), "--prompt", *PROMPTS, *method, "--per-class", "1",
+                 "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path / "grid.png"), "--json",
+                 str(figures)]) == 0
+    run = json.loads(figures.read_text())
+    assert run["model"] == "Emu3ForConditionalGeneration" and run["codes_per_image"] == EMU3_HW[0] * EMU3_HW[1]
+    codes = torch.tensor(run["codes"])
+    assert main(["sample", str(out), "--hf", str(emu3_dir), "--prompt", *PROMPTS, "--num-images", "3",
+                 "--batch", "3", *method, *BASE]) == 0
+    images = npz_images(out)
+    target = wrap(model("emu3", torch.float32))
+    assert images.shape == (3, 2 * EMU3_HW[0], 2 * EMU3_HW[1], 3)  # the tiny VQ decodes a code to 2 x 2 pixels
+    assert np.array_equal(images, pixels_of(target, codes))
+    # negative control: lantern.generate on the processor's prompts, another seed
+    processor = tiny_emu3_processor()
+    enc = processor(text=PROMPTS, return_for_image_generation=True, return_tensors="pt", padding=True)
+    negative = processor.tokenizer(["blue mat"] * 3, return_tensors="pt", padding=True)
+    options = dict(method="sjd", window=4, tree="chain", temperature=1.0, cfg_scale=3.0,
+                   negative_prompt_ids=negative["input_ids"],
+                   negative_prompt_attention_mask=negative["attention_mask"])
+    same, _ = lantern.generate(target, enc["input_ids"], attention_mask=enc["attention_mask"], seed=3, **options)
+    other, _ = lantern.generate(target, enc["input_ids"], attention_mask=enc["attention_mask"], seed=4, **options)
+    assert torch.equal(same, codes)
+    assert not torch.equal(other, codes) and not np.array_equal(images, pixels_of(target, other))
+    config = json.loads((out / "config.json").read_text())
+    assert config["hf"] == str(emu3_dir) and config["prompts"] == PROMPTS and config["cfg_scale"] == 3.0
+    assert config["model_class"] == "Emu3ForConditionalGeneration" and config["image_codes"] == list(EMU3_HW)
+    assert config["negative_prompt"] == "blue mat" and "tokenizer.json" in config["sha256"]
 
 
 @pytest.fixture

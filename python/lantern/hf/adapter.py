@@ -26,7 +26,7 @@ t2i caption padding does), so ``cond_keys`` counts the real prompt tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -100,6 +100,10 @@ class HFTarget:
                                row_end=row_end, family=rules.name)
         self.tok_embeddings = _ImageEmbedding(rules)
         self.output = _ImageHead(rules)
+        if row_end:  # bool [V] each, True = masked: at a code's position the row end; at a row end every code
+            at_row_end = torch.ones(self.config.vocab_size, dtype=torch.bool, device=rules.embedding_weight.device)
+            at_row_end[-1] = False
+            self._masked_at_code, self._masked_at_row_end = ~at_row_end, at_row_end
         attention = rules.attention_implementation
         if attention not in ATTENTION:
             raise ValueError(f"the model's attention implementation is {attention!r}; lantern.hf passes a 4D tree "
@@ -151,11 +155,10 @@ class HFTarget:
         if cond_idx is not None:
             if tokens is not None and tokens.shape[1] > 0:
                 raise ValueError("the prefill takes the prompt alone (tokens=None)")
-            hidden = self._prefill(cond_idx)
-            positions = None
+            hidden, structure = self._prefill(cond_idx), False  # it predicts position 0, a code
         else:
-            hidden, positions = self._tree(tokens, cache_len, positions, tree_mask)
-        logits = self._structure(self.output(hidden), positions)
+            hidden, structure = self._tree(tokens, cache_len, positions, tree_mask)
+        logits = self._structure(self.rules.code_logits(hidden).float(), structure)  # self.output's, inlined
         return (logits, hidden) if return_hidden else logits
 
     forward = __call__
@@ -192,27 +195,33 @@ class HFTarget:
         self.pos_offset[:R] = self.next_pos[:R] - n_real  # position id - cache position of every image token
         return hidden[:, -1:]  # the last column holds each row's last real token (encode_prompt left-pads)
 
-    def _tree(self, tokens, cache_len, positions, tree_mask) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """-> (hidden [R, T, D], the nodes' raster positions [R, T], or None for a chain after the committed
-        tokens: the loops' AR steps, whose positions the adapter needs only for row ends)."""
+    def _tree(self, tokens, cache_len, positions, tree_mask) -> Tuple[torch.Tensor, Union[torch.Tensor, bool]]:
+        """-> (hidden [R, T, D], what ``_structure`` needs: the nodes' raster positions [R, T], or for an AR step
+        whose rows all predict a code (or all a row end) False (True), read with the forward's host read)."""
         R, T = tokens.shape
         if cache_len.shape != (R,) or cache_len.dtype != torch.int64:
             raise ValueError(f"cache_len must be int64 [{R}], got {cache_len.dtype} {list(cache_len.shape)}")
-        steps = _arange(T, tokens.device)
-        if positions is None:  # a chain after the committed tokens: position ids follow the cache positions
-            position_ids = (self.pos_offset[:R] + cache_len)[:, None] + steps
-            if self.config.row_end:
-                positions = (cache_len - self.cond_keys[:R])[:, None] + steps
+        chain = positions is None  # a chain after the committed tokens (the loops' AR steps, catch-ups)
+        if chain:  # position ids follow the cache positions
+            position_ids = (self.pos_offset[:R] + cache_len)[:, None]  # [R, 1]
+            position_ids = position_ids + _arange(T, tokens.device) if T > 1 else position_ids
         else:
             position_ids = self.next_pos[:R, None] + positions
-        if self.tree_attention:
-            return self._tree_fused(tokens, cache_len, position_ids, tree_mask), positions
-        if torch.compiler.is_compiling():
-            return self._tree_traced(tokens, cache_len, position_ids, tree_mask), positions
+        if self.tree_attention or torch.compiler.is_compiling():
+            forward = self._tree_fused if self.tree_attention else self._tree_traced
+            structure = self._chain_positions(cache_len, T) if chain else positions
+            return forward(tokens, cache_len, position_ids, tree_mask), structure
         if tree_mask is not None and _is_chain(tree_mask, T):
             tree_mask = None  # the chain's mask without unpacking the bits (Jacobi windows, chains)
-        shortest, longest = torch.aminmax(cache_len).__iter__() if R > 1 else (cache_len[0], cache_len[0])
-        shortest, longest = torch.stack([shortest, longest]).tolist()  # the one host read of a forward
+        if chain and T == 1 and self.config.row_end:  # the one host read of a forward, and the rows' raster positions
+            lengths, cond_keys = torch.stack([cache_len, self.cond_keys[:R]]).tolist()
+            W1 = self.config.width + 1
+            row_ends = {(n - c) % W1 == W1 - 2 for n, c in zip(lengths, cond_keys)}  # position + 1 is a row end
+            structure = row_ends.pop() if len(row_ends) == 1 else self._chain_positions(cache_len, T)
+        else:
+            lengths = cache_len.tolist()  # the one host read of a forward
+            structure = self._chain_positions(cache_len, T) if chain else positions
+        shortest, longest = min(lengths), max(lengths)
         n_keys = longest + T  # the attention's key count
         if n_keys > self.cache.max_len:
             raise ValueError(f"cache_len + {T} nodes exceeds the cache's {self.cache.max_len} positions")
@@ -222,7 +231,15 @@ class HFTarget:
         # one node per row and every row as long: it sees every key, and HF's own mask for it (None: SDPA without
         # a mask) is the cache's (``RowCache.get_mask_sizes``)
         mask = None if T == 1 and shortest == longest else tree_attention_mask(cache_len, tree_mask, T, n_keys)
-        return self._decoder(embeds, mask, position_ids, cache_len, n_keys), positions
+        return self._decoder(embeds, mask, position_ids, cache_len, n_keys), structure
+
+    def _chain_positions(self, cache_len: torch.Tensor, T: int) -> Optional[torch.Tensor]:
+        """The raster positions [R, T] of a chain of T nodes after each row's committed tokens (None without row
+        ends: nothing needs them)."""
+        if not self.config.row_end:
+            return None
+        positions = (cache_len - self.cond_keys[: cache_len.shape[0]])[:, None]  # [R, 1]
+        return positions + _arange(T, cache_len.device) if T > 1 else positions
 
     def _tree_traced(self, tokens, cache_len, position_ids, tree_mask) -> torch.Tensor:
         """The decoder as torch.compile traces it (``decoding/compiled.py``): no host read, so the attention reads
@@ -250,18 +267,22 @@ class HFTarget:
         finally:
             config._attn_implementation, TreeStep.current = before, None
 
-    def _structure(self, logits: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
+    def _structure(self, logits: torch.Tensor, positions: Union[torch.Tensor, bool]) -> torch.Tensor:
         """Masks the codes at row ends and the row end elsewhere (models with row ends). positions [R, T] the
-        raster positions the logits' nodes hold (they predict position + 1); None: the prefill (predicts 0)."""
+        raster positions the logits' nodes hold (they predict position + 1); or a bool: every node predicts a
+        row end (True) or every node a code (False)."""
         if not self.config.row_end:
             return logits
+        if isinstance(positions, bool):
+            if positions:
+                logits[..., :-1] = MASKED
+            else:
+                logits[..., -1] = MASKED
+            return logits
         W1 = self.config.width + 1
-        predicts = torch.zeros(logits.shape[:2], dtype=torch.int64, device=logits.device) if positions is None \
-            else positions + 1
-        row_end = predicts % W1 == W1 - 1  # [R, T]
-        logits[..., :-1].masked_fill_(row_end[..., None], MASKED)  # the codes, at a row end
-        logits[..., -1].masked_fill_(~row_end, MASKED)  # the row end, elsewhere
-        return logits
+        predicts_row_end = positions % W1 == W1 - 2  # [R, T]: position + 1 is a row end
+        masked = torch.where(predicts_row_end[..., None], self._masked_at_row_end, self._masked_at_code)  # [R, T, V]
+        return logits.masked_fill_(masked, MASKED)
 
     # -- prompts, images ----------------------------------------------------------------------------
 

@@ -32,6 +32,15 @@ class RowCache(Cache):
         self._heads: Optional[torch.Tensor] = None
         self.T, self.uniform = 0, False
 
+    @property
+    def kv(self) -> torch.Tensor:
+        return self._kv
+
+    @kv.setter
+    def kv(self, kv: torch.Tensor) -> None:
+        self._kv = kv
+        self._layers = [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]  # each layer's K and V, made once
+
     def __len__(self) -> int:
         return self.n_layer
 
@@ -41,11 +50,13 @@ class RowCache(Cache):
 
     def begin(self, cache_len: torch.Tensor, T: int, n_keys: int, uniform: bool = False) -> None:
         """The next forward writes T nodes per row at cache_len [R] + t and attends to n_keys positions;
-        uniform: every row's cache_len is n_keys - T."""
+        uniform: every row's cache_len is n_keys - T (the nodes are written as one slice, no index built)."""
         self.T, self.uniform = T, uniform
+        self.cache_len, self.n_keys = cache_len, n_keys
+        if uniform:
+            return
         R, dev = cache_len.shape[0], cache_len.device
         _, _, _, Hkv, Lmax, _ = self.kv.shape
-        self.cache_len, self.n_keys = cache_len, n_keys
         if self._heads is None or self._heads.shape[0] != R:
             heads = torch.arange(R, device=dev)[:, None] * Hkv + torch.arange(Hkv, device=dev)  # [R, Hkv]
             self._heads = heads[:, :, None] * Lmax  # [R, Hkv, 1] the first position of each (row, head)
@@ -56,10 +67,18 @@ class RowCache(Cache):
         """key_states / value_states [R, Hkv, T, Dh] -> this layer's keys and values [R, Hkv, n_keys, Dh]
         (views of the cache) after writing them at cache_len + t."""
         R, Dh = key_states.shape[0], key_states.shape[-1]
-        keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]  # [rows, Hkv, Lmax, Dh], contiguous
-        keys.view(-1, Dh).index_copy_(0, self._flat, key_states.reshape(-1, Dh).to(keys.dtype))
-        values.view(-1, Dh).index_copy_(0, self._flat, value_states.reshape(-1, Dh).to(values.dtype))
-        return keys[:R, :, : self.n_keys], values[:R, :, : self.n_keys]
+        if torch.compiler.is_compiling():  # the graph's one input is the whole cache, not views made before
+            keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]
+        else:
+            keys, values = self._layers[layer_idx]  # [rows, Hkv, Lmax, Dh], contiguous
+        keys, values = (keys, values) if R == keys.shape[0] else (keys[:R], values[:R])
+        if self.uniform:
+            keys[:, :, self.n_keys - self.T: self.n_keys].copy_(key_states)
+            values[:, :, self.n_keys - self.T: self.n_keys].copy_(value_states)
+        else:
+            keys.view(-1, Dh).index_copy_(0, self._flat, key_states.reshape(-1, Dh).to(keys.dtype))
+            values.view(-1, Dh).index_copy_(0, self._flat, value_states.reshape(-1, Dh).to(values.dtype))
+        return keys[:, :, : self.n_keys], values[:, :, : self.n_keys]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The keys before this forward's nodes: one number only when every row has the same length (the

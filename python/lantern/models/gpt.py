@@ -453,13 +453,15 @@ class Transformer(nn.Module):
         return self._head(x[:, max(n_cond - 1, 0):], return_hidden)
 
     def forward_full(self, idx: torch.Tensor, cond_idx: torch.Tensor, *, force_drop_ids: Optional[torch.Tensor] = None,
-                     return_hidden: bool = False, emb_masks: Optional[torch.Tensor] = None):
+                     return_hidden: bool = False, emb_masks: Optional[torch.Tensor] = None,
+                     return_condition_hidden: bool = False):
         """No-cache training path: [condition] + idx [B, L] with plain causal attention (same math).
         In training mode the condition is dropped with probability class_dropout_prob (force_drop_ids [B]
         overrides; a dropped caption keeps its emb_masks, as in LlamaGen). emb_masks [B, C] (t2i): causal
         attention in which no query sees a padded caption position but that position itself. Returns logits
-        [B, 1 + L, V] float32 (position i predicts image token i), and with return_hidden the post-norm
-        hidden states [B, 1 + L, dim]."""
+        [B, 1 + L, V] float32 (position i predicts image token i), with return_hidden the post-norm
+        hidden states [B, 1 + L, dim], and with return_condition_hidden last the post-norm hidden states over
+        the condition [B, C, dim] (what a prefill keeps in ``condition_hidden``)."""
         masks = self._caption_masks(emb_masks, cond_idx)  # [B, C] bool, None = no padding
         B, L = idx.shape
         drop = None
@@ -472,7 +474,10 @@ class Transformer(nn.Module):
         mask = None if masks is None else self._dense_mask(masks, x.shape[1])[:, None]  # [B, 1, C + L, C + L]
         for layer in self.layers:
             x = layer(x, rope, mask=mask)
-        return self._head(x[:, self.cond_len - 1:], return_hidden)
+        out = self._head(x[:, self.cond_len - 1:], return_hidden)
+        if not return_condition_hidden:
+            return out
+        return (*out, self.norm(x[:, : self.cond_len])) if return_hidden else (out, self.norm(x[:, : self.cond_len]))
 
     def loss(self, tokens: torch.Tensor, cond_idx: torch.Tensor) -> torch.Tensor:
         """Next-token cross-entropy over a whole image: tokens [B, L] (L <= block_size)."""

@@ -1,0 +1,95 @@
+"""lantern generate's speed-up against AR (python/lantern/cli/generate.py): measured in rounds after the image
+run, each round timing the speculative run again and AR in turn, the speed-up a ratio of medians; --repeats
+checked before any model is loaded. Small random models stand in for the tiny model (the loaders replaced)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from lantern import ops, sources
+from lantern.cli import generate as generate_cli
+from lantern.models import build_gpt
+from lantern.models.drafter import EagleDrafter
+
+
+class _StubVQ:
+    """decode_codes / to_uint8 of a VQ, enough for the CLI to write its grid."""
+
+    def decode_codes(self, tokens, h, w):
+        return torch.zeros(tokens.shape[0], 3, 4 * h, 4 * w)
+
+    def to_uint8(self, images):
+        return images.permute(0, 2, 3, 1).to(torch.uint8)  # [B, H, W, 3]
+
+
+def _small_models():
+    torch.manual_seed(0)
+    target = build_gpt("GPT-tiny", n_layer=2, n_head=2, dim=64, vocab_size=64, num_classes=5, block_size=16)
+    drafter = EagleDrafter(target.config).bind(target)
+    for p in (*target.parameters(), *drafter.parameters()):
+        torch.nn.init.normal_(p, std=0.1)
+    return target.eval(), drafter.eval()
+
+
+def _run(tmp_path, monkeypatch, *flags):
+    target, drafter = _small_models()
+    table = ops.latent_neighbours(torch.randn(64, 4, generator=torch.Generator().manual_seed(1)), 4)
+    monkeypatch.setattr(sources, "load_discrete", lambda args: (target, _StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
+    monkeypatch.setattr(sources, "drafter_and_table", lambda args, gpt, vq: (drafter, table))
+    parser = argparse.ArgumentParser()
+    generate_cli.add_generate_parser(parser.add_subparsers(dest="command"))
+    js = tmp_path / "run.json"
+    args = parser.parse_args(["generate", "--model", "checkpoint", "--classes", "1", "2", "--per-class", "1",
+                              "--compile", "off", "--no-progress", "--out", str(tmp_path / "g.png"), "--json",
+                              str(js), *flags])
+    return generate_cli.run_generate(args), js
+
+
+def test_rounds_alternate_the_rerun_and_ar_and_take_medians(tmp_path, monkeypatch, capsys):
+    from lantern import decoding
+
+    calls, times = [], iter([10.0, 11.0, 13.0, 15.0, 16.0, 17.0, 18.0, 24.0, 25.0, 26.0, 27.0, 28.0, 29.0, 31.0])
+    generate, generate_ar = decoding.generate, decoding.generate_ar
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(decoding, "generate", counted("spec", generate))
+    monkeypatch.setattr(decoding, "generate_ar", counted("ar", generate_ar))
+    monkeypatch.setattr(generate_cli, "_clock", lambda: next(times))
+    code, js = _run(tmp_path, monkeypatch, "--method", "lantern", "--tree", "chain", "--depth", "2", "--k", "4",
+                    "--repeats", "3")
+    assert code == 0
+    # the image run, then three rounds of (the run again, AR); AR eager here, so no eager AR beside it
+    assert calls == ["spec"] + ["spec", "ar"] * 3
+    figures = json.loads(js.read_text())
+    # the clock: image run 10 -> 11; rounds (13 -> 15, 16 -> 17), (18 -> 24, 25 -> 26), (27 -> 28, 29 -> 31)
+    assert figures["wall_s"] == 1.0 and figures["rounds"] == 3
+    assert figures["run_s"] == 2.0 and figures["ar_s"] == 1.0  # medians of (2, 6, 1) and (1, 1, 2)
+    assert figures["speedup_vs_ar"] == 0.5 and "speedup_vs_ar_eager" not in figures
+    assert "speed-up vs AR (eager; median of 3 alternated rounds after the image run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--method", "lantern", "--repeats", "0"], "--repeats must be >= 1 and at most 100, got 0"),
+    (["--method", "lantern", "--repeats", "101"], "--repeats must be >= 1 and at most 100, got 101"),
+    (["--method", "ar", "--repeats", "2"], "--repeats applies to the speculative methods"),
+    (["--method", "sjd", "--no-ar-baseline", "--repeats", "2"], "--repeats applies to the speculative methods"),
+])
+def test_repeats_is_checked_before_any_model_is_loaded(tmp_path, monkeypatch, flags, message):
+    def no_load(args):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(sources, "load_discrete", no_load)
+    parser = argparse.ArgumentParser()
+    generate_cli.add_generate_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["generate", *flags, "--out", str(tmp_path / "g.png")])
+    with pytest.raises(SystemExit, match=message):
+        generate_cli.run_generate(args)
+    assert not (tmp_path / "g.png").exists()
