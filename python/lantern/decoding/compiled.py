@@ -19,6 +19,7 @@ sampling run eagerly around them), so a Python int offset causes no recompilatio
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -179,32 +180,64 @@ class CompileStats:
                 "shapes": sorted(f"{kind} rows {key[0]} nodes {key[1]}" for kind, key in self.seen)}
 
 
+def _layout(args) -> Tuple:
+    """The shapes, strides and dtypes of the tensors in args (dataclasses of tensors included): a graph is
+    specialised to them (an expanded mask and a contiguous one of the same shape are two graphs)."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((tuple(a.shape), a.stride(), a.dtype))
+        elif dataclasses.is_dataclass(a):
+            out.append(_layout(vars(a).values()))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _traced_state() -> Tuple:
+    """What a graph depends on besides its inputs' shapes and dtypes: the fused backend the ops dispatch to
+    while tracing, grad mode and inference mode."""
+    from .. import _backend
+
+    return _backend.active_backend(), torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+
 class _Compiled:
-    """A compiled function that times its calls that compiled a new graph (dynamo's graph counter grew)."""
+    """A compiled function that times its calls that compiled a new graph (dynamo's graph counter grew).
+
+    A call is keyed by everything its graph is specialised to: the caller's shape key (rows, node count,
+    cache shape and dtype), the arguments' shapes, strides and dtypes, and ``_traced_state``. Dynamo checks
+    each call's inputs against its graphs' guards (hundreds of tensor checks for a 16-layer model's
+    parameters, ~0.3 ms a call on a CPU); at a key already called, only the guards that tell this function's
+    graphs apart run (``skip_guard_eval_unsafe``): the graph that served the key before serves it again."""
 
     def __init__(self, fn, options: dict, kind: str, device: torch.device):
         if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:
             torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
-        self.fn = torch.compile(fn, fullgraph=True, dynamic=False, **options)
+        # isolate_recompiles: this wrapper's graphs are its own (a process's wrappers of other models share
+        # the traced functions' code objects), so the guards that tell them apart are about its shapes only
+        self.fn = torch.compile(fn, fullgraph=True, dynamic=False, isolate_recompiles=True, **options)
         self.cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune")
         self.kind, self.device = kind, device
-        self.known = set()  # shape keys called before (no compile expected)
+        self.known = set()  # (shape key, argument layout, traced state) called before (no compile expected)
         self.stats = CompileStats()  # the current run's (set by ``compiled_target`` / ``compiled_drafter``)
 
     def __call__(self, key: Tuple, *args):
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        new = key not in self.known
-        if new:
-            self._sync()
+        full_key = (key, _layout(args), _traced_state())
+        if full_key in self.known:
+            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                out = self.fn(*args)
+            return tuple(o.clone() for o in out) if self.cuda_graphs else out
+        self._sync()
         graphs = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
         out = self.fn(*args)
         if self.cuda_graphs:  # a replay overwrites its outputs: the loop keeps some across calls
             out = tuple(o.clone() for o in out)
-        if new:
-            self._sync()
-            self.known.add(key)
+        self._sync()
+        self.known.add(full_key)
         if counters["stats"]["unique_graphs"] != graphs:  # this call compiled (expected at new keys only)
             self.stats.seen[(self.kind, key)] = self.stats.seen.get((self.kind, key), 0.0) + time.perf_counter() - t0
         return out
@@ -224,6 +257,31 @@ def _pad_nodes(x: torch.Tensor, T_pad: int, value=0) -> torch.Tensor:
 
 
 _PADDING_BITS: Dict[Tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+class _PaddedMasks:
+    """``pad_tree_mask`` of masks the loops pass again and again (a chain's or a static tree's mask is made
+    once per run, ``DecodeState.tree_inputs``): the padded mask of a tensor object, kept while the tensor
+    lives and is not written to (its version counter)."""
+
+    def __init__(self, capacity: int = 32):
+        self.capacity = capacity
+        self.entries: Dict[int, tuple] = {}  # id(mask) -> (weakref, version, T_pad, padded)
+
+    def __call__(self, mask: torch.Tensor, T_pad: int) -> torch.Tensor:
+        entry = self.entries.get(id(mask))
+        if entry is not None and entry[0]() is mask and entry[1] == mask._version and entry[2] == T_pad:
+            return entry[3]
+        padded = pad_tree_mask(mask, T_pad)
+        if len(self.entries) >= self.capacity:
+            self.entries.pop(next(iter(self.entries)))
+        key = id(mask)
+        self.entries[key] = (weakref.ref(mask, lambda _, key=key: self.entries.pop(key, None)), mask._version, T_pad,
+                             padded)
+        return padded
+
+
+_padded_masks = _PaddedMasks()
 
 
 def pad_tree_mask(mask: torch.Tensor, T_pad: int) -> torch.Tensor:
@@ -270,12 +328,13 @@ class CompiledTarget:
                 raise ValueError("a compiled tree forward takes both positions and tree_mask")
             T_pad = bucket(T)
             logits, hidden = self._tree((R, T_pad, self._cache_shape()), _pad_nodes(tokens, T_pad), cache_len,
-                                        _pad_nodes(positions, T_pad), pad_tree_mask(tree_mask, T_pad))
+                                        _pad_nodes(positions, T_pad), _padded_masks(tree_mask, T_pad))
             logits, hidden = logits[:, :T], hidden[:, :T]
         return (logits, hidden) if return_hidden else logits
 
-    def _cache_shape(self) -> Tuple[int, ...]:  # a graph is specialised to the cache's shape too
-        return tuple(self.model.kv_cache.shape)
+    def _cache_shape(self) -> Tuple:  # a graph is specialised to the cache's shape and dtype too
+        cache = self.model.kv_cache
+        return (*cache.shape, cache.dtype)
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -319,8 +378,8 @@ class CompiledDrafter:
         tokens, positions = _pad_nodes(tokens, P_pad), _pad_nodes(positions, P_pad)
         d = self.drafter
         if not self.eagle:
-            causal = pack_bits(torch.ones(P_pad, P_pad, dtype=torch.bool, device=tokens.device).tril())
-            logits = self.model(tokens, cache_len=d.cache_len, positions=positions, tree_mask=causal.expand(R, -1, -1))
+            causal = _chain_step(d.cache_len, P_pad).tree_mask  # [R, P_pad, W]
+            logits = self.model(tokens, cache_len=d.cache_len, positions=positions, tree_mask=causal)
             d.cache_len = d.cache_len + n_new
             return logits[torch.arange(R, device=tokens.device), (n_new - 1).clamp(min=0)], \
                 torch.zeros(R, 0, device=tokens.device)
@@ -330,25 +389,29 @@ class CompiledDrafter:
         d.cache_len = d.cache_len + n_new
         return out
 
-    def expand(self, tokens, parents, parent_state, positions):
-        """Padding nodes hang off the cached root (parent -1): ancestors of no node."""
+    accepts_tree_mask = True
+
+    def expand(self, tokens, parents, parent_state, positions, tree_mask=None):
+        """Padding nodes hang off the cached root (parent -1): ancestors of no node. tree_mask: the real
+        nodes' ``partial_tree_mask(parents)`` if the caller has it."""
         from ..models.drafter import _tree_step, partial_tree_mask
 
         R, T = tokens.shape
         T_pad = bucket(T)
         tokens, parents, positions = _pad_nodes(tokens, T_pad), _pad_nodes(parents, T_pad, -1), _pad_nodes(positions,
                                                                                                           T_pad)
+        mask = partial_tree_mask(parents) if tree_mask is None else _padded_masks(tree_mask, T_pad)
         if not self.eagle:
-            logits = self.model(tokens, cache_len=self.drafter.cache_len, positions=positions,
-                                tree_mask=partial_tree_mask(parents))
+            logits = self.model(tokens, cache_len=self.drafter.cache_len, positions=positions, tree_mask=mask)
             return logits[:, :T], torch.zeros(R, T, 0, device=tokens.device)
-        step = _tree_step(self.drafter.cache_len, parents)
+        step = _tree_step(self.drafter.cache_len, parents, mask)
         logits, state = self._expand((R, T_pad, self._cache_shape()), tokens, _pad_nodes(parent_state, T_pad),
                                      positions, step)
         return logits[:, :T], state[:, :T]
 
-    def _cache_shape(self) -> Tuple[int, ...]:
-        return tuple(self.drafter.kv_cache.shape)
+    def _cache_shape(self) -> Tuple:
+        cache = self.drafter.kv_cache
+        return (*cache.shape, cache.dtype)
 
     def __getattr__(self, name):
         return getattr(self.drafter, name)

@@ -103,10 +103,15 @@ class LiveDrafter:
         sub = self.state.sub
         return tuple(map(self.state.full, self.drafter.commit(sub(tokens), sub(features), sub(n_new), sub(positions))))
 
-    def expand(self, tokens, parents, parent_state, positions):
+    def expand(self, tokens, parents, parent_state, positions, tree_mask=None):
         sub = self.state.sub
-        out = self.drafter.expand(sub(tokens), sub(parents), sub(parent_state), sub(positions))
+        mask = {} if tree_mask is None else dict(tree_mask=sub(tree_mask))
+        out = self.drafter.expand(sub(tokens), sub(parents), sub(parent_state), sub(positions), **mask)
         return tuple(map(self.state.full, out))
+
+    @property
+    def accepts_tree_mask(self) -> bool:
+        return getattr(self.drafter, "accepts_tree_mask", False)
 
 
 class DrafterProposer:
@@ -145,8 +150,8 @@ class DrafterProposer:
         root_logits = scorer.guide(root_logits, n_done)
         tree = self.grow[plan.kind](state, scorer, state.roots(), root_logits, root_state, plan, step)
         return Proposal(tree.tokens, tree.parents, tree.depth, tree.draft_probs,
-                        **state.tree_inputs(tree.parents, tree.depth), broken=nonfinite_logits(root_logits),
-                        draft_forwards=tree.draft_forwards)
+                        **state.tree_inputs(tree.parents, tree.depth, tree.layout),
+                        broken=nonfinite_logits(root_logits), draft_forwards=tree.draft_forwards, layout=tree.layout)
 
     def _chain(self, state, scorer, root_tok, root_logits, root_state, plan: Plan, step: int) -> Tree:
         s = state.s
@@ -199,7 +204,8 @@ class JacobiProposer:
         tokens, draft_probs = self.window.chain(state.roots(), W)  # [B, W + 1], [B, W + 1, V] or None
         parents = torch.arange(-1, W, device=state.device).expand(B, W + 1)
         depth = torch.arange(W + 1, device=state.device).expand(B, W + 1)
-        return Proposal(tokens, parents, depth, draft_probs, **state.tree_inputs(parents, depth))
+        layout = tuple(range(-1, W))
+        return Proposal(tokens, parents, depth, draft_probs, **state.tree_inputs(parents, depth, layout), layout=layout)
 
     def observe(self, state: DecodeState, plan: Plan, outcome: Outcome, step: int) -> None:
         s, B, W = state.s, state.B, plan.depth

@@ -50,6 +50,7 @@ class Proposal:
     tree_mask: Optional[torch.Tensor] = None  # [B, T, ceil(T/32)] packed ancestor bits; None: causal
     broken: Optional[torch.Tensor] = None  # [] bool: the drafter's logits were NaN or +inf
     draft_forwards: int = 0
+    layout: Optional[tuple] = None  # every row's parents when the tree's shape is fixed (its mask is reused)
 
 
 @dataclass
@@ -159,6 +160,8 @@ class DecodeState:
         self.live: Optional[torch.Tensor] = None  # [live model rows] indices into the model rows, both halves
         self.compactable = compiled is None and proposer.can_compact
         self.figures: Optional[StepFigures] = None
+        self._layout_masks: dict = {}  # fixed tree shape -> its packed mask [B, T, W] (``tree_inputs``)
+        self._model_row_masks: dict = {}  # fixed tree shape -> the mask of the model rows (``forward``)
         proposer.start(self, plans, cond, masks, logits[:, -1], hidden[:, -1], first)
 
     def _prefill(self, cond, masks, plans: Sequence[Plan]):
@@ -214,11 +217,17 @@ class DecodeState:
         """[B] each row's last committed token."""
         return self.out.gather(1, (self.n_done - 1).clamp(max=self.L - 1)[:, None]).squeeze(1)
 
-    def tree_inputs(self, parents: torch.Tensor, depth: torch.Tensor) -> dict:
+    def tree_inputs(self, parents: torch.Tensor, depth: torch.Tensor, layout: Optional[tuple] = None) -> dict:
         """A tree's forward layout: positions [B, T] (each node's raster index, clamped inside the image) and
-        tree_mask (packed ancestor bits), for ``Proposal``."""
+        tree_mask (packed ancestor bits), for ``Proposal``. layout: every row's parents as a tuple when the
+        tree's shape is fixed (chain, static tree): its mask is made once per run."""
         positions = ((self.n_done - 1)[:, None] + depth).clamp(max=self.L - 1)
-        return dict(positions=positions, tree_mask=ops.ancestor_mask(parents))
+        if layout is None:
+            return dict(positions=positions, tree_mask=ops.ancestor_mask(parents))
+        mask = self._layout_masks.get(layout)
+        if mask is None:
+            mask = self._layout_masks[layout] = ops.ancestor_mask(parents)
+        return dict(positions=positions, tree_mask=mask)
 
     def step(self, plan: Plan, step: int):
         """One step of ``plan``: propose, one target forward, verify, commit, observe.
@@ -242,11 +251,20 @@ class DecodeState:
         """The target over every live row's tree -> (logits [n_rows, T, V], hidden [n_rows, T, D])."""
         tree = {}
         if proposal.positions is not None:
-            tree = dict(positions=self.sub(self.rep(proposal.positions)),
-                        tree_mask=self.sub(self.rep(proposal.tree_mask)))
+            tree = dict(positions=self.sub(self.rep(proposal.positions)), tree_mask=self._model_rows_mask(proposal))
         logits, hidden = self.target(self.sub(self.rep(proposal.tokens)), cache_len=self.sub(self.target_len),
                                      return_hidden=True, **tree)
         return self.full(logits), self.full(hidden)
+
+    def _model_rows_mask(self, proposal: Proposal) -> torch.Tensor:
+        """The proposal's tree mask for the models' rows [live rows, T, W] (once per run for a fixed shape
+        while every row is live: the same tensor each step, which the compiled forwards pad once)."""
+        if proposal.layout is None or self.live is not None:
+            return self.sub(self.rep(proposal.tree_mask))
+        mask = self._model_row_masks.get(proposal.layout)
+        if mask is None:
+            mask = self._model_row_masks[proposal.layout] = self.rep(proposal.tree_mask)
+        return mask
 
     def verify(self, logits: torch.Tensor, proposal: Proposal, offset: int):
         """ops.verify of the cond rows' trees (guided by the uncond rows); relaxed only with drafts."""

@@ -26,6 +26,7 @@ class Tree:
     depth: torch.Tensor  # [B, T] int64 (root 0)
     draft_probs: Optional[torch.Tensor]  # [B, T, V] (sampled drafts) or None (deterministic)
     draft_forwards: int
+    layout: Optional[Tuple[int, ...]] = None  # the parents of every row, when the shape is fixed (chain, static)
 
 
 def unguided_past_interval(cond: torch.Tensor, uncond: torch.Tensor, predicts: torch.Tensor,
@@ -68,14 +69,35 @@ class DraftScorer:
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x]) if self.guided else x
 
-    def score(self, tokens, parents, depth, parent_state):
+    def score(self, tokens, parents, depth, parent_state, layout: Optional[Tuple[int, ...]] = None):
         """Partial tree below the root: tokens/parents/depth [B, T] (parents -1 = root) and the drafter
-        state of each node's parent [rows, T, S] -> guided logits [B, T, V], node states [rows, T, S]."""
+        state of each node's parent [rows, T, S] -> guided logits [B, T, V], node states [rows, T, S].
+        layout: the parents as a tuple when every row's tree has that shape (known on the host), so that its
+        mask is made once per run."""
         positions = (self.positions_base[:, None] + depth).clamp(max=self.max_pos)
+        mask = {}
+        if layout is not None and getattr(self.drafter, "accepts_tree_mask", False):
+            mask = dict(tree_mask=partial_mask(layout, parent_state.shape[0], parents.device))
         logits, state = self.drafter.expand(self.rows(tokens), self.rows(parents), parent_state,
-                                            self.rows(positions))
+                                            self.rows(positions), **mask)
         self.forwards += 1
         return self.guide(logits, self.positions_base[:, None] + depth + 1), state
+
+
+_PARTIAL_MASKS: dict = {}  # (parents, rows, device) -> the partial tree's packed mask [rows, T, W]
+
+
+def partial_mask(parents: Tuple[int, ...], rows: int, device: torch.device) -> torch.Tensor:
+    """``partial_tree_mask`` of a partial tree whose rows all have the parents ``parents`` (-1: the cached
+    root), made once per shape."""
+    key = (parents, rows, device)
+    mask = _PARTIAL_MASKS.get(key)
+    if mask is None:
+        from ..models.drafter import partial_tree_mask
+
+        mask = partial_tree_mask(torch.tensor(parents, device=device).expand(rows, -1))
+        _PARTIAL_MASKS[key] = mask
+    return mask
 
 
 def _gather_state(root_state, node_state, parents):
@@ -109,31 +131,33 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
     B, dev = root_tok.shape[0], root_tok.device
     probs = []  # node d's draft distribution (its child was drawn from it)
     logits, node_state = root_logits, None  # [B, V] guided
-    chain_parents = torch.empty(B, 0, dtype=torch.int64, device=dev)
-    chain_tokens = torch.empty(B, 0, dtype=torch.int64, device=dev)
+    drafts = []  # [B] each
+    all_parents = torch.arange(-1, depth - 1, device=dev).expand(B, -1)  # [B, depth] the drafts' partial tree
+    all_depths = torch.arange(1, depth + 1, device=dev).expand(B, -1)
+    node_keys = torch.arange(depth, device=dev)  # draft d's Philox node id
     for d in range(depth):
         q = process(logits)  # [B, V]
         if sampled:
-            keys = torch.full((B, 1), d, device=dev)
+            keys = node_keys[d].expand(B, 1)
             tok = sample_without_replacement(q[:, None], 1, seed, keys, offset, rows)[:, 0, 0]
         else:
             tok = logits.argmax(-1)
         probs.append(q)
-        chain_tokens = torch.cat([chain_tokens, tok[:, None]], 1)
-        chain_parents = torch.cat([chain_parents, torch.full((B, 1), d - 1, device=dev)], 1)
+        drafts.append(tok)
         if d + 1 < depth:
-            level_depth = torch.arange(1, d + 2, device=dev).expand(B, -1)
+            chain_tokens, chain_parents = torch.stack(drafts, 1), all_parents[:, : d + 1]  # [B, d + 1]
             parent_state = _gather_state(root_state, node_state, scorer.rows(chain_parents))
-            all_logits, node_state = scorer.score(chain_tokens, chain_parents, level_depth, parent_state)
+            all_logits, node_state = scorer.score(chain_tokens, chain_parents, all_depths[:, : d + 1], parent_state,
+                                                  layout=tuple(range(-1, d)))
             logits = all_logits[:, -1]
     T = depth + 1
-    tree_tokens = torch.cat([root_tok[:, None], chain_tokens], 1)
+    tree_tokens = torch.stack([root_tok, *drafts], 1)
     tree_parents = torch.arange(-1, T - 1, device=dev).expand(B, T).contiguous()
     draft_probs = None
     if sampled:
         draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # node d's children drawn from probs[d]
     return Tree(tree_tokens, tree_parents, torch.arange(T, device=dev).expand(B, T).contiguous(), draft_probs,
-                scorer.forwards)
+                scorer.forwards, tuple(range(-1, T - 1)))
 
 
 @dataclass(frozen=True)
@@ -204,9 +228,9 @@ def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: L
             sub_parents = parents[:, 1:upto] - 1  # partial-tree indices; the root becomes -1
             parent_state = _gather_state(root_state, node_state, scorer.rows(sub_parents))
             logits, node_state = scorer.score(tokens[:, 1:upto], sub_parents, depth[1:upto].expand(B, -1),
-                                              parent_state)
+                                              parent_state, layout=tuple(p - 1 for p in layout.parents[1:upto]))
             level_logits = logits[:, kids[0] - 1: kids[-1]]
-    return Tree(tokens, parents, depth.expand(B, T).contiguous(), draft_probs, scorer.forwards)
+    return Tree(tokens, parents, depth.expand(B, T).contiguous(), draft_probs, scorer.forwards, layout.parents)
 
 
 def grow_dynamic(scorer: DraftScorer, root_tok, root_logits, root_state, depth: int, top_per_node: int,

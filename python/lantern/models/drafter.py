@@ -4,8 +4,10 @@
                                                 [rows, C] t2i caption padding or None)
     commit(tokens [R, P], features [R, P, dim] | None, n_new [R], positions [R, P])
         -> (root_logits [R, V], root_state [R, S])   cache the newly committed tokens (ragged rows)
-    expand(tokens [R, T], parents [R, T], parent_state [R, T, S], positions [R, T])
+    expand(tokens [R, T], parents [R, T], parent_state [R, T, S], positions [R, T], tree_mask=None)
         -> (logits [R, T, V], state [R, T, S])   score a partial draft tree hanging off the root
+                                                (tree_mask: ``partial_tree_mask(parents)`` when the caller
+                                                has it; only for drafters with ``accepts_tree_mask``)
     keep_rows(rows [R'])                        keep those cache rows only (optional: the loop drops finished
                                                 rows from the models' batch when the drafter has it)
 
@@ -175,8 +177,10 @@ class EagleDrafter(nn.Module):
         root = _last_real(hidden, n_new)  # [R, dim]
         return self.logits(root), root
 
-    def expand(self, tokens, parents, parent_state, positions) -> Tuple[torch.Tensor, torch.Tensor]:
-        step = _tree_step(self.cache_len, parents)
+    accepts_tree_mask = True  # expand takes the partial tree's mask when the caller made it already
+
+    def expand(self, tokens, parents, parent_state, positions, tree_mask=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        step = _tree_step(self.cache_len, parents, tree_mask)
         hidden = self.predict(tokens, parent_state, positions, step)  # [R, T, dim]
         return self.logits(hidden), hidden
 
@@ -209,8 +213,10 @@ class GPTDrafter:
         self.cache_len = self.cache_len + n_new
         return _last_real(logits, n_new), torch.zeros(tokens.shape[0], 0, device=tokens.device)
 
-    def expand(self, tokens, parents, parent_state, positions):
-        mask = partial_tree_mask(parents)
+    accepts_tree_mask = True
+
+    def expand(self, tokens, parents, parent_state, positions, tree_mask=None):
+        mask = partial_tree_mask(parents) if tree_mask is None else tree_mask
         logits = self.model(tokens, cache_len=self.cache_len, positions=positions, tree_mask=mask)
         return logits, torch.zeros(*tokens.shape, 0, device=tokens.device)
 
@@ -223,14 +229,27 @@ class GPTDrafter:
         self.model.free_cache()
 
 
-def _chain_step(cache_len: torch.Tensor, T: int) -> CacheStep:
+_STEP_LAYOUTS: dict = {}  # (R, T, device) -> (rows [R, T], node ids [T], causal mask [R, T, W]), eager calls only
+
+
+def _step_layout(R: int, T: int, device: torch.device):
+    """(rows [R, T], node ids 0..T-1 [T], packed causal mask [R, T, ceil(T/32)]) of a forward of T nodes over
+    R rows: made once per shape in eager code (a decoding step makes several), traced where it is compiled."""
     from ..ops.reference.tree import pack_bits
 
-    R, device = cache_len.shape[0], cache_len.device
-    causal = pack_bits(torch.ones(T, T, dtype=torch.bool, device=device).tril()).expand(R, -1, -1)
-    return CacheStep(rows=torch.arange(R, device=device)[:, None].expand(R, T),
-                     slots=cache_len[:, None] + torch.arange(T, device=device), cache_len=cache_len,
-                     tree_mask=causal)
+    key = (R, T, device)
+    layout = None if torch.compiler.is_compiling() else _STEP_LAYOUTS.get(key)
+    if layout is None:
+        layout = (torch.arange(R, device=device)[:, None].expand(R, T), torch.arange(T, device=device),
+                  pack_bits(torch.ones(T, T, dtype=torch.bool, device=device).tril()).expand(R, -1, -1))
+        if not torch.compiler.is_compiling():
+            _STEP_LAYOUTS[key] = layout
+    return layout
+
+
+def _chain_step(cache_len: torch.Tensor, T: int) -> CacheStep:
+    rows, nodes, causal = _step_layout(cache_len.shape[0], T, cache_len.device)
+    return CacheStep(rows=rows, slots=cache_len[:, None] + nodes, cache_len=cache_len, tree_mask=causal)
 
 
 def partial_tree_mask(parents: torch.Tensor) -> torch.Tensor:
@@ -250,9 +269,9 @@ def partial_tree_mask(parents: torch.Tensor) -> torch.Tensor:
     return pack_bits(bits)
 
 
-def _tree_step(cache_len: torch.Tensor, parents: torch.Tensor) -> CacheStep:
+def _tree_step(cache_len: torch.Tensor, parents: torch.Tensor, tree_mask: Optional[torch.Tensor] = None) -> CacheStep:
+    """tree_mask: ``partial_tree_mask(parents)`` if the caller has it."""
     R, T = parents.shape
-    device = parents.device
-    return CacheStep(rows=torch.arange(R, device=device)[:, None].expand(R, T),
-                     slots=cache_len[:, None] + torch.arange(T, device=device), cache_len=cache_len,
-                     tree_mask=partial_tree_mask(parents))
+    rows, nodes, _ = _step_layout(R, T, parents.device)
+    return CacheStep(rows=rows, slots=cache_len[:, None] + nodes, cache_len=cache_len,
+                     tree_mask=partial_tree_mask(parents) if tree_mask is None else tree_mask)

@@ -67,8 +67,15 @@ def check(seed, c0, c1, c2, c3) -> torch.device:
         elif isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**32:
             raise ValueError(f"{name} must be an int in [0, 2^32) or an integer tensor, got {v!r}")
     shapes = [tuple(v.shape) for v in (c0, c1, c2, c3) if isinstance(v, torch.Tensor)]
-    try:
-        torch.broadcast_shapes(*shapes)
-    except RuntimeError as e:
-        raise ValueError(f"c0, c1, c2, c3 must broadcast together, got shapes {shapes}") from e
+    if not _broadcastable(shapes):
+        raise ValueError(f"c0, c1, c2, c3 must broadcast together, got shapes {shapes}")
     return device or torch.device("cpu")
+
+
+def _broadcastable(shapes) -> bool:
+    """Whether the shapes broadcast together (torch.broadcast_shapes' rule, without its symbolic-shape
+    machinery, which costs ~0.1 ms a call: the decoding loop draws several times a step)."""
+    for i in range(1, max((len(s) for s in shapes), default=0) + 1):
+        if len({s[-i] for s in shapes if len(s) >= i} - {1}) > 1:
+            return False
+    return True

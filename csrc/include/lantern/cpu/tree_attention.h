@@ -109,39 +109,62 @@ inline float attn_exp(float x) {
 // inline so that they are compiled for the calling clone's target.
 #define LANTERN_ATTN_INLINE inline __attribute__((always_inline))
 typedef float AttnVec __attribute__((vector_size(64)));
-LANTERN_ATTN_INLINE AttnVec attn_load(const float* p) {
-  AttnVec v;
+// 8 floats: the wide kernels' vector where registers hold 8 floats (AVX2). GCC lowers a 16-float vector there
+// through the stack (a store and a reload of every scalar broadcast: 5-10x slower). Each element of the
+// wide kernels' results is computed by the same operations in the same order whatever the vector's width
+// (the vectors run across query rows or along Dh, never across a sum), so the results are the same bits.
+typedef float AttnVec8 __attribute__((vector_size(32)));
+template <class Vec>
+constexpr int64_t kAttnLanes = sizeof(Vec) / sizeof(float);
+
+template <class Vec = AttnVec>
+LANTERN_ATTN_INLINE Vec attn_load(const float* p) {
+  Vec v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-LANTERN_ATTN_INLINE void attn_store(float* p, const AttnVec& v) { std::memcpy(p, &v, sizeof(v)); }
+template <class Vec>
+LANTERN_ATTN_INLINE void attn_store(float* p, const Vec& v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 
-// st[j, :] = sum_d k_j[d] * qt[d, :] for keys j0 <= j < j0 + R (k_j = k + j * ks); NV = Mp / 16 vectors per
+// Whether the CPU has 64-byte vector registers (AVX-512): which vector and register blocking the wide
+// kernels below use.
+inline bool attn_wide_registers() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool wide = __builtin_cpu_supports("avx512f");
+  return wide;
+#else
+  return true;
+#endif
+}
+
+// st[j, :] = sum_d k_j[d] * qt[d, :] for keys j0 <= j < j0 + R (k_j = k + j * ks); NV = Mp / lanes vectors per
 // row of st. The R x NV accumulators stay in registers; each qt vector is loaded once for R keys.
-template <int R, int NV>
+template <int R, int NV, class Vec>
 LANTERN_ATTN_INLINE void attn_scores_block(const float* k, int64_t ks, int64_t j0, int64_t Dh, const float* qt,
                                            float* st) {
-  constexpr int64_t Mp = 16 * NV;
-  AttnVec acc[R][NV] = {};
+  constexpr int64_t W = kAttnLanes<Vec>, Mp = W * NV;
+  Vec acc[R][NV] = {};
   for (int64_t d = 0; d < Dh; ++d) {
-    AttnVec qv[NV];
-    for (int v = 0; v < NV; ++v) qv[v] = attn_load(qt + d * Mp + 16 * v);
+    Vec qv[NV];
+    for (int v = 0; v < NV; ++v) qv[v] = attn_load<Vec>(qt + d * Mp + W * v);
     for (int r = 0; r < R; ++r) {
       const float x = k[(j0 + r) * ks + d];
       for (int v = 0; v < NV; ++v) acc[r][v] += x * qv[v];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) attn_store(st + (j0 + r) * Mp + 16 * v, acc[r][v]);
+    for (int v = 0; v < NV; ++v) attn_store(st + (j0 + r) * Mp + W * v, acc[r][v]);
 }
 
-template <int NV>
+// R keys per block: at most 16 accumulators of 16 floats (32 registers), or 8 of 8 floats (16 registers).
+template <int NV, int R, class Vec>
 LANTERN_ATTN_CLONES inline void attn_scores_nv(const float* k, int64_t ks, int64_t n, int64_t Dh, const float* qt,
                                                float* st) {
-  constexpr int R = NV <= 2 ? 8 : 4;  // at most 16 accumulator vectors
   int64_t j = 0;
-  for (; j + R <= n; j += R) attn_scores_block<R, NV>(k, ks, j, Dh, qt, st);
-  for (; j < n; ++j) attn_scores_block<1, NV>(k, ks, j, Dh, qt, st);
+  for (; j + R <= n; j += R) attn_scores_block<R, NV, Vec>(k, ks, j, Dh, qt, st);
+  for (; j < n; ++j) attn_scores_block<1, NV, Vec>(k, ks, j, Dh, qt, st);
 }
 
 // Few query rows (an AR step, a short chain: M <= kAttnNarrowRows): the scores as dot products along Dh,
@@ -196,46 +219,58 @@ inline void attn_scores_dot(const float* k, int64_t ks, int64_t n, int64_t Dh, c
 
 // st[j, r] for j < n, r < Mp (Mp in {16, 32, 48, 64}).
 inline void attn_scores(const float* k, int64_t ks, int64_t n, int64_t Dh, const float* qt, int64_t Mp, float* st) {
+  if (attn_wide_registers()) {
+    switch (Mp / 16) {
+      case 1:
+        return attn_scores_nv<1, 8, AttnVec>(k, ks, n, Dh, qt, st);
+      case 2:
+        return attn_scores_nv<2, 8, AttnVec>(k, ks, n, Dh, qt, st);
+      case 3:
+        return attn_scores_nv<3, 4, AttnVec>(k, ks, n, Dh, qt, st);
+      default:
+        return attn_scores_nv<4, 4, AttnVec>(k, ks, n, Dh, qt, st);
+    }
+  }
   switch (Mp / 16) {
     case 1:
-      return attn_scores_nv<1>(k, ks, n, Dh, qt, st);
+      return attn_scores_nv<2, 4, AttnVec8>(k, ks, n, Dh, qt, st);
     case 2:
-      return attn_scores_nv<2>(k, ks, n, Dh, qt, st);
+      return attn_scores_nv<4, 2, AttnVec8>(k, ks, n, Dh, qt, st);
     case 3:
-      return attn_scores_nv<3>(k, ks, n, Dh, qt, st);
+      return attn_scores_nv<6, 1, AttnVec8>(k, ks, n, Dh, qt, st);
     default:
-      return attn_scores_nv<4>(k, ks, n, Dh, qt, st);
+      return attn_scores_nv<8, 1, AttnVec8>(k, ks, n, Dh, qt, st);
   }
 }
 
 // acc[r, :] = acc[r, :] * alpha[r] + sum_{j<n} p[j, r] * v_j for rows r0 <= r < r0 + R (v_j = v + j * vs),
 // Dh = 16 * NV known at compile time (the R x NV accumulators stay in registers).
-template <int R, int NV>
+template <int R, int NV, class Vec>
 LANTERN_ATTN_INLINE void attn_values_block(const float* p, int64_t Mp, int64_t n, const float* v, int64_t vs,
                                            const float* alpha, int64_t r0, float* acc) {
-  constexpr int64_t D = 16 * NV;
-  AttnVec a[R][NV];
+  constexpr int64_t W = kAttnLanes<Vec>, D = W * NV;
+  Vec a[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int w = 0; w < NV; ++w) a[r][w] = attn_load(acc + (r0 + r) * D + 16 * w) * alpha[r0 + r];
+    for (int w = 0; w < NV; ++w) a[r][w] = attn_load<Vec>(acc + (r0 + r) * D + W * w) * alpha[r0 + r];
   for (int64_t j = 0; j < n; ++j) {
-    AttnVec x[NV];
-    for (int w = 0; w < NV; ++w) x[w] = attn_load(v + j * vs + 16 * w);
+    Vec x[NV];
+    for (int w = 0; w < NV; ++w) x[w] = attn_load<Vec>(v + j * vs + W * w);
     for (int r = 0; r < R; ++r) {
       const float pj = p[j * Mp + r0 + r];
       for (int w = 0; w < NV; ++w) a[r][w] += pj * x[w];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int w = 0; w < NV; ++w) attn_store(acc + (r0 + r) * D + 16 * w, a[r][w]);
+    for (int w = 0; w < NV; ++w) attn_store(acc + (r0 + r) * D + W * w, a[r][w]);
 }
 
-template <int NV>
+// R rows per block: as ``attn_scores_nv``'s keys.
+template <int NV, int R, class Vec>
 LANTERN_ATTN_CLONES inline void attn_values_nv(const float* p, int64_t Mp, int64_t rows, int64_t n, const float* v,
                                                int64_t vs, const float* alpha, float* acc) {
-  constexpr int R = NV <= 4 ? 4 : 2;  // at most 16 accumulator vectors
   int64_t r = 0;
-  for (; r + R <= rows; r += R) attn_values_block<R, NV>(p, Mp, n, v, vs, alpha, r, acc);
-  for (; r < rows; ++r) attn_values_block<1, NV>(p, Mp, n, v, vs, alpha, r, acc);
+  for (; r + R <= rows; r += R) attn_values_block<R, NV, Vec>(p, Mp, n, v, vs, alpha, r, acc);
+  for (; r < rows; ++r) attn_values_block<1, NV, Vec>(p, Mp, n, v, vs, alpha, r, acc);
 }
 
 // Any Dh.
@@ -254,15 +289,29 @@ LANTERN_ATTN_CLONES inline void attn_values_any(const float* p, int64_t Mp, int6
 
 inline void attn_values(const float* p, int64_t Mp, int64_t rows, int64_t n, const float* v, int64_t vs, int64_t Dh,
                         const float* alpha, float* acc) {
+  if (attn_wide_registers()) {
+    switch (Dh) {
+      case 16:
+        return attn_values_nv<1, 4, AttnVec>(p, Mp, rows, n, v, vs, alpha, acc);
+      case 32:
+        return attn_values_nv<2, 4, AttnVec>(p, Mp, rows, n, v, vs, alpha, acc);
+      case 64:
+        return attn_values_nv<4, 4, AttnVec>(p, Mp, rows, n, v, vs, alpha, acc);
+      case 128:
+        return attn_values_nv<8, 2, AttnVec>(p, Mp, rows, n, v, vs, alpha, acc);
+      default:
+        break;
+    }
+  }
   switch (Dh) {
     case 16:
-      return attn_values_nv<1>(p, Mp, rows, n, v, vs, alpha, acc);
+      return attn_values_nv<2, 4, AttnVec8>(p, Mp, rows, n, v, vs, alpha, acc);
     case 32:
-      return attn_values_nv<2>(p, Mp, rows, n, v, vs, alpha, acc);
+      return attn_values_nv<4, 2, AttnVec8>(p, Mp, rows, n, v, vs, alpha, acc);
     case 64:
-      return attn_values_nv<4>(p, Mp, rows, n, v, vs, alpha, acc);
+      return attn_values_nv<8, 1, AttnVec8>(p, Mp, rows, n, v, vs, alpha, acc);
     case 128:
-      return attn_values_nv<8>(p, Mp, rows, n, v, vs, alpha, acc);
+      return attn_values_nv<16, 1, AttnVec8>(p, Mp, rows, n, v, vs, alpha, acc);
     default:
       return attn_values_any(p, Mp, rows, n, v, vs, Dh, alpha, acc);
   }
