@@ -26,7 +26,7 @@ from typing import Callable, List, Optional
 import torch
 
 from .. import ops
-from ..ops.checks_continuous import check_settings
+from ..ops.continuous_verify_op import check_settings
 from ..ops.reference.continuous_verify import DEFAULT_MAX_TRIES, capped
 from .mar import (
     cfg_scale_at,
