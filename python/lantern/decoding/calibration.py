@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
+from .._backend import one_backend_per_run
 from .ar import check_condition, check_length, generate_ar
 from .compiled import CompileChoice, CompiledRun, CompileStats, resolve_compile
 from .config import Sampling, SpecConfig, check_config
@@ -54,6 +55,7 @@ def _below_one(x) -> bool:
 
 
 @holds_models("target", "drafter")
+@one_backend_per_run("target")
 def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: SpecConfig = SpecConfig(),
                        cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, seed: int = 0,
                        length: Optional[int] = None, cfg_interval: int = -1, remeasure: bool = False,
