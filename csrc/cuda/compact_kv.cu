@@ -10,12 +10,12 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "lantern/compact_kv.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -86,4 +86,4 @@ at::Tensor compact_kv_cuda(at::Tensor& cache, const at::Tensor& cache_len, const
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("compact_kv", &compact_kv_cuda); }
+LANTERN_KERNEL(CUDA, compact_kv, &compact_kv_cuda);

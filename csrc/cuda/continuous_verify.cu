@@ -4,12 +4,12 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <tuple>
 
 #include "lantern/continuous_verify.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -56,4 +56,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> continuous_verify_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("continuous_verify", &continuous_verify_cuda); }
+LANTERN_KERNEL(CUDA, continuous_verify, &continuous_verify_cuda);

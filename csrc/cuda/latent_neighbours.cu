@@ -13,9 +13,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <torch/library.h>
 
 #include "lantern/cuda/latent_neighbours.cuh"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -64,4 +64,4 @@ at::Tensor latent_neighbours_cuda(const at::Tensor& codebook, int64_t K, bool no
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("latent_neighbours", &latent_neighbours_cuda); }
+LANTERN_KERNEL(CUDA, latent_neighbours, &latent_neighbours_cuda);

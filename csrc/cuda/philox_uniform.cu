@@ -4,11 +4,11 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <algorithm>
 
 #include "lantern/philox.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -40,4 +40,4 @@ at::Tensor philox_uniform_cuda(const at::Tensor& seed, const at::Tensor& c0, con
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("philox_uniform", &philox_uniform_cuda); }
+LANTERN_KERNEL(CUDA, philox_uniform, &philox_uniform_cuda);

@@ -7,13 +7,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "lantern/cuda/tree_attention.cuh"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -125,4 +125,4 @@ at::Tensor tree_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, c
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("tree_attention", &tree_attention_cuda); }
+LANTERN_KERNEL(CUDA, tree_attention, &tree_attention_cuda);

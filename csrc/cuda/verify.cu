@@ -17,7 +17,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,6 +25,7 @@
 #include <tuple>
 
 #include "lantern/cuda/verify.cuh"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -153,4 +153,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("verify", &verify_cuda); }
+LANTERN_KERNEL(CUDA, verify, &verify_cuda);
