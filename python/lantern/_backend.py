@@ -12,9 +12,9 @@ ones are fused. ``resolve`` picks the implementation; ``dispatch`` is the same, 
 torch.compile traces the reference runs as the opaque ``lantern_reference::<op>`` (its Python has
 value-dependent control flow a graph cannot hold); eager code calls the reference functions directly.
 ``resolved_backends(device)`` names, once per run, the backend each op resolves to; passing those names as
-``backend=`` skips the default's lookup. A decoding run holds them for its whole call (``one_backend_per_run``):
-its op calls pass them, and the calls that name no backend (inside the models) use them too, so the run
-cannot change backend midway, whatever ``enable_fused`` sets meanwhile.
+``backend=`` skips the default's lookup. A decoding run holds them for its whole call (``holding_backends``,
+``decoding.exclusive.one_backend_per_run``): its op calls pass them, and the calls that name no backend (inside
+the models) use them too, so the run cannot change backend midway, whatever ``enable_fused`` sets meanwhile.
 
 Before a fused kernel first runs an op on a device, ``resolve`` compares it with the reference on a few tiny
 cases (``lantern.ops.self_check``; docs/self_check.md). A kernel that disagrees is never used for that op on
@@ -24,8 +24,6 @@ reference. ``LANTERN_SELF_CHECK=0`` turns the check off.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import os
 import threading
 import warnings
@@ -193,8 +191,8 @@ def resolved_backends(device, backend: Optional[str] = None) -> Dict[str, str]:
 
 
 def run_backends(device) -> Dict[str, str]:
-    """The backends of the decoding run this thread is in (``one_backend_per_run``), else ``resolved_backends``
-    of ``device`` now."""
+    """The backends of the decoding run this thread is in (``holding_backends``), else ``resolved_backends`` of
+    ``device`` now."""
     run = getattr(_state, "run_backends", None)
     return run if run is not None else resolved_backends(device)
 
@@ -213,22 +211,6 @@ def holding_backends(device) -> Iterator[Dict[str, str]]:
         yield _state.run_backends
     finally:
         _state.run_backends = None
-
-
-def one_backend_per_run(model_arg: str) -> Callable:
-    """Decorator of a decoding entry point: the call runs inside ``holding_backends`` for the device of its
-    argument ``model_arg`` (a torch module: where its first parameter lives; the CPU if it has none)."""
-    def decorate(fn):
-        signature = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            model = signature.bind_partial(*args, **kwargs).arguments.get(model_arg)
-            parameter = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
-            with holding_backends(parameter.device if parameter is not None else "cpu"):
-                return fn(*args, **kwargs)
-        return wrapper
-    return decorate
 
 
 def dispatch(op_name: str, device: torch.device, backend: Optional[str] = None) -> Callable:

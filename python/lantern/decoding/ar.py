@@ -13,7 +13,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import ops
-from .._backend import one_backend_per_run, run_backends
+from .._backend import run_backends
 from ..models.gpt import check_emb_masks
 from .compiled import (
     AUTO,
@@ -25,7 +25,7 @@ from .compiled import (
     compiled_target,
     resolve_compile,
 )
-from .exclusive import holds_models
+from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
 
 Number = Union[int, float, torch.Tensor]
@@ -137,7 +137,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     included) and compiled_graphs. ``image_ids`` [B] (default 0..B-1): each image's Philox row key, so an image's tokens
     depend on its id, not on its place in the batch (SPEC §5). One call at a time per model: a call from
     another thread on the same model waits for this one (``exclusive.py``). The ops' backends are resolved
-    once, at the start (``lantern._backend.one_backend_per_run``)."""
+    once, at the start (``exclusive.one_backend_per_run``)."""
     check_condition(model, cond_idx)
     B = cond_idx.shape[0]
     L, C = check_length(length, model.config.block_size), model.config.cond_len

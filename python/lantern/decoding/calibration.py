@@ -10,12 +10,11 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .._backend import one_backend_per_run
 from .ar import check_condition, check_length, generate_ar
 from .compiled import CompileChoice, CompiledRun, CompileStats, resolve_compile
 from .config import Sampling, SpecConfig, check_config
 from .costs import CostModel, cache_key, cached_cost_model
-from .exclusive import holds_models
+from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
 from .planner import AR_PLAN, AcceptanceModel, measured_rates
 from .plans import Plan

@@ -26,9 +26,10 @@ from typing import Callable, List, Optional
 import torch
 
 from .. import ops
-from .._backend import one_backend_per_run, run_backends
+from .._backend import run_backends
 from ..ops.continuous_verify_op import check_settings
 from ..ops.reference.continuous_verify import DEFAULT_MAX_TRIES, capped
+from .exclusive import one_backend_per_run
 from .mar import (
     cfg_scale_at,
     check_finite_tokens,

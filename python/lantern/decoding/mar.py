@@ -22,7 +22,6 @@ from typing import Callable, List, Optional, Union
 import torch
 
 from .. import ops
-from .._backend import one_backend_per_run
 from ..ops.reference.noise import (  # noqa: F401
     MAX_CHANNELS,
     PURPOSE_ACCEPT,
@@ -35,6 +34,7 @@ from ..ops.reference.noise import (  # noqa: F401
     noise_counters,
 )
 from .ar import check_class_ids, check_image_ids
+from .exclusive import one_backend_per_run
 from .options import OptionError, check_int, check_mar_settings
 
 IntOrTensor = Union[int, torch.Tensor]

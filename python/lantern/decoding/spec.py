@@ -5,7 +5,7 @@ with Jacobi self-drafting ("sjd"): the run drivers. The step they repeat is ``st
 
 Everything hot goes through ``lantern.ops`` (tree_attention inside the model, verify, compact_kv, build_tree),
 so ``lantern.enable_fused()`` swaps the kernels without touching the loop; a run resolves them once, at its start
-(``lantern._backend.one_backend_per_run``; ``DecodeState.backends``).
+(``exclusive.one_backend_per_run``; ``DecodeState.backends``).
 
 ``tree="auto"`` (the default) lets ``planner.Planner`` pick each step's plan (a tree, a Jacobi window, or a
 plain AR step) from a cost model measured on the device (``calibration.py``, ``costs.py``) and acceptance
@@ -21,12 +21,11 @@ from typing import Optional
 import torch
 
 from .. import ops
-from .._backend import one_backend_per_run
 from .ar import check_condition, check_image_ids, check_length, condition_masks, generate_ar
 from .calibration import cost_model
 from .compiled import CompileChoice, CompiledRun, CompileStats, resolve_compile
 from .config import Sampling, SpecConfig, SpecStats, check_config
-from .exclusive import holds_models
+from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
 from .planner import AR_PLAN, AcceptanceModel, Planner
 from .proposers import new_state
