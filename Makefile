@@ -56,12 +56,11 @@ FAST_IGNORE := --ignore=tests/test_sampling.py --ignore=tests/test_cli.py --igno
 test-fast: install
 	$(PYTEST) -m "not slow" $(FAST_IGNORE)
 
-# ruff (pyproject.toml [tool.ruff]) over the Python, clang-format (.clang-format) over csrc/ but the .cu files
-# (formatted only with a CUDA build to check them): check only; fix with .venv/bin/ruff check --fix . and
-# .venv/bin/clang-format -i FILES
+# ruff (pyproject.toml [tool.ruff]) over the Python, clang-format (.clang-format) over csrc/: check only; fix with
+# .venv/bin/ruff check --fix . and .venv/bin/clang-format -i FILES
 lint: install
 	$(VENV)/bin/ruff check .
-	git ls-files -z 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cuh' | xargs -0 $(VENV)/bin/clang-format --dry-run --Werror
+	git ls-files -z 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cuh' 'csrc/*.cu' | xargs -0 $(VENV)/bin/clang-format --dry-run --Werror
 
 demo: install
 	$(VENV)/bin/lantern generate --method lantern --fused auto --per-class 1 --repeats 3 --out samples.png --json samples.json

@@ -1,13 +1,13 @@
 // CPU kernel of lantern::compact_kv (SPEC §6): move the kept tree nodes' K/V to consecutive positions.
 #include <ATen/Parallel.h>
 #include <ATen/ops/add.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "lantern/compact_kv.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -62,4 +62,4 @@ at::Tensor compact_kv_cpu(at::Tensor& cache, const at::Tensor& cache_len, const 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CPU, m) { m.impl("compact_kv", &compact_kv_cpu); }
+LANTERN_KERNEL(CPU, compact_kv, &compact_kv_cpu);

@@ -1,11 +1,11 @@
 // CPU kernel of lantern::continuous_verify (docs/cspd.md): every token of the block in one call, in parallel
 // over tokens; the per-token test and residual sampler are lantern/continuous_verify.h (shared with CUDA).
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <tuple>
 
 #include "lantern/continuous_verify.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -41,4 +41,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> continuous_verify_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CPU, m) { m.impl("continuous_verify", &continuous_verify_cpu); }
+LANTERN_KERNEL(CPU, continuous_verify, &continuous_verify_cpu);

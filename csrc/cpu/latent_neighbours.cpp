@@ -4,9 +4,9 @@
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/norm.h>
-#include <torch/library.h>
 
 #include "lantern/cpu/latent_neighbours.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -35,4 +35,4 @@ at::Tensor latent_neighbours_cpu(const at::Tensor& codebook, int64_t K, bool nor
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CPU, m) { m.impl("latent_neighbours", &latent_neighbours_cpu); }
+LANTERN_KERNEL(CPU, latent_neighbours, &latent_neighbours_cpu);

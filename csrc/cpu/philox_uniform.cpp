@@ -1,9 +1,9 @@
 // CPU kernel of lantern::philox_uniform (SPEC §5): out[i] = uniform(Philox4x32-10(seed, c0..c3[i]) word 0).
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <torch/library.h>
 
 #include "lantern/philox.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -26,4 +26,4 @@ at::Tensor philox_uniform_cpu(const at::Tensor& seed, const at::Tensor& c0, cons
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CPU, m) { m.impl("philox_uniform", &philox_uniform_cpu); }
+LANTERN_KERNEL(CPU, philox_uniform, &philox_uniform_cpu);

@@ -2,9 +2,9 @@
 // query block); the work is lantern::cpu::attend_item (csrc/include/lantern/cpu/tree_attention.h).
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <torch/library.h>
 
 #include "lantern/cpu/tree_attention.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -54,4 +54,4 @@ at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, co
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CPU, m) { m.impl("tree_attention", &tree_attention_cpu); }
+LANTERN_KERNEL(CPU, tree_attention, &tree_attention_cpu);

@@ -3,13 +3,13 @@
 // computed in float64 (as the reference), every other dtype in float32.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <torch/library.h>
 
 #include <functional>
 #include <tuple>
 #include <vector>
 
 #include "lantern/cpu/verify_walk.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -140,4 +140,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CPU, m) { m.impl("verify", &verify_cpu); }
+LANTERN_KERNEL(CPU, verify, &verify_cpu);

@@ -10,12 +10,12 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "lantern/compact_kv.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -56,8 +56,8 @@ void launch(at::Tensor& cache, const at::Tensor& len, const at::Tensor& path, co
                   static_cast<unsigned>(std::min<int64_t>((cols + threads - 1) / threads, 65535)));
   const size_t shared = static_cast<size_t>(g.P * threads * int64_t(sizeof(Vec)));
   compact_kv_kernel<Vec><<<grid, static_cast<unsigned>(threads), shared, c10::cuda::getCurrentCUDAStream()>>>(
-      static_cast<Vec*>(cache.data_ptr()), len.data_ptr<int64_t>(), path.data_ptr<int64_t>(),
-      keep.data_ptr<int64_t>(), g.B, g.H, g.Lmax, g.P, vecs_per_row);
+      static_cast<Vec*>(cache.data_ptr()), len.data_ptr<int64_t>(), path.data_ptr<int64_t>(), keep.data_ptr<int64_t>(),
+      g.B, g.H, g.Lmax, g.P, vecs_per_row);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -75,15 +75,20 @@ at::Tensor compact_kv_cuda(at::Tensor& cache, const at::Tensor& cache_len, const
     const auto fits = [&](int64_t vec) { return align % vec == 0 && 32 * g.P * vec <= kSharedBytes; };
     TORCH_CHECK_VALUE(fits(1), "compact_kv: path_nodes.shape[1] = ", g.P, " exceeds the CUDA kernel's limit of ",
                       kSharedBytes / 32, " kept nodes");
-    if (fits(16)) launch<uint4>(cache, len, path, keep, g, row_bytes);
-    else if (fits(8)) launch<uint2>(cache, len, path, keep, g, row_bytes);
-    else if (fits(4)) launch<uint32_t>(cache, len, path, keep, g, row_bytes);
-    else if (fits(2)) launch<uint16_t>(cache, len, path, keep, g, row_bytes);
-    else launch<uint8_t>(cache, len, path, keep, g, row_bytes);
+    if (fits(16))
+      launch<uint4>(cache, len, path, keep, g, row_bytes);
+    else if (fits(8))
+      launch<uint2>(cache, len, path, keep, g, row_bytes);
+    else if (fits(4))
+      launch<uint32_t>(cache, len, path, keep, g, row_bytes);
+    else if (fits(2))
+      launch<uint16_t>(cache, len, path, keep, g, row_bytes);
+    else
+      launch<uint8_t>(cache, len, path, keep, g, row_bytes);
   }
   return at::add(cache_len, n_keep);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("compact_kv", &compact_kv_cuda); }
+LANTERN_KERNEL(CUDA, compact_kv, &compact_kv_cuda);

@@ -4,12 +4,12 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <tuple>
 
 #include "lantern/continuous_verify.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -39,7 +39,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> continuous_verify_cuda(
     int64_t max_tries, const at::Tensor& seed, const at::Tensor& offset) {
   const c10::cuda::CUDAGuard guard(draft.device());
   auto c = lantern::prepare_continuous_verify(draft, mu_p, sigma_p, mu_q, sigma_q, logsig_p, logsig_q, rows, positions,
-                                             rule, bandwidth, sigma_ratio, max_tries, seed, offset);
+                                              rule, bandwidth, sigma_ratio, max_tries, seed, offset);
   const int64_t M = c.dims.B * c.dims.N;
   if (M == 0) return {c.tokens, c.accepted, c.tries};
   constexpr int kThreads = 128;
@@ -56,4 +56,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> continuous_verify_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("continuous_verify", &continuous_verify_cuda); }
+LANTERN_KERNEL(CUDA, continuous_verify, &continuous_verify_cuda);

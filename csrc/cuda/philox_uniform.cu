@@ -4,11 +4,11 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <algorithm>
 
 #include "lantern/philox.h"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -22,8 +22,8 @@ __global__ void philox_uniform_kernel(const uint64_t* __restrict__ seed, const i
                                      static_cast<uint32_t>(c2[i]), static_cast<uint32_t>(c3[i]));
 }
 
-at::Tensor philox_uniform_cuda(const at::Tensor& seed, const at::Tensor& c0, const at::Tensor& c1,
-                               const at::Tensor& c2, const at::Tensor& c3) {
+at::Tensor philox_uniform_cuda(const at::Tensor& seed, const at::Tensor& c0, const at::Tensor& c1, const at::Tensor& c2,
+                               const at::Tensor& c3) {
   const c10::cuda::CUDAGuard guard(c0.device());
   const auto c = lantern::check_philox(seed, c0, c1, c2, c3);  // 4 x int64 [*shape], contiguous
   at::Tensor out = at::empty(c[0].sizes(), c[0].options().dtype(at::kFloat));  // float32 [*shape]
@@ -40,4 +40,4 @@ at::Tensor philox_uniform_cuda(const at::Tensor& seed, const at::Tensor& c0, con
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("philox_uniform", &philox_uniform_cuda); }
+LANTERN_KERNEL(CUDA, philox_uniform, &philox_uniform_cuda);

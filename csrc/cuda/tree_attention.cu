@@ -7,13 +7,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "lantern/cuda/tree_attention.cuh"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -84,8 +84,8 @@ at::Tensor tree_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, c
   const int64_t blocks = d.B * d.Hkv * blocks_per_head;
   TORCH_CHECK_VALUE(fits_int32(G * d.T + lc::kTreeAttnRows) && fits_int32(d.B * d.T * W) && fits_int32(d.B * d.H) &&
                         fits_int32(blocks),
-                    "tree_attention: too large for the CUDA kernel's 32-bit indices (B=", d.B, ", H=", d.H,
-                    ", T=", d.T, ")");
+                    "tree_attention: too large for the CUDA kernel's 32-bit indices (B=", d.B, ", H=", d.H, ", T=", d.T,
+                    ")");
   const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k_cache), vc = last_dim_contiguous(v_cache);
   const at::Tensor len = cache_len.contiguous(), mask = tree_mask.contiguous();  // [B], [B, T, W]
   at::Tensor o = at::empty({d.B, d.H, d.T, d.Dh}, q.options());                   // [B, H, T, Dh]
@@ -125,4 +125,4 @@ at::Tensor tree_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, c
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("tree_attention", &tree_attention_cuda); }
+LANTERN_KERNEL(CUDA, tree_attention, &tree_attention_cuda);

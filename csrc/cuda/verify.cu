@@ -17,7 +17,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,6 +25,7 @@
 #include <tuple>
 
 #include "lantern/cuda/verify.cuh"
+#include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
@@ -94,8 +94,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cuda(
     const at::Tensor& logits, const at::Tensor& tokens, const at::Tensor& parents,
     const std::optional<at::Tensor>& neighbours, const std::optional<at::Tensor>& uncond_logits,
     const at::Tensor& cfg_scale, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const std::optional<at::Tensor>& draft_probs, int64_t k, double delta, std::optional<double> lam,
-    bool node_budget, const at::Tensor& seed, const at::Tensor& offset, const std::optional<at::Tensor>& rows) {
+    const std::optional<at::Tensor>& draft_probs, int64_t k, double delta, std::optional<double> lam, bool node_budget,
+    const at::Tensor& seed, const at::Tensor& offset, const std::optional<at::Tensor>& rows) {
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto d = lantern::check_verify(logits, tokens, parents, neighbours, uncond_logits, cfg_scale, temperature,
                                        top_k, top_p, draft_probs, k, seed, offset, rows);
@@ -109,7 +109,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   at::Tensor lu = uncond_logits ? uncond_logits->to(lc.scalar_type()).contiguous() : at::Tensor();
   at::Tensor dr;
   if (draft_probs)
-    dr = draft_probs->scalar_type() == lc.scalar_type() ? draft_probs->contiguous() : draft_probs->to(real).contiguous();
+    dr =
+        draft_probs->scalar_type() == lc.scalar_type() ? draft_probs->contiguous() : draft_probs->to(real).contiguous();
   const auto opts = logits.options();
   const auto i64 = opts.dtype(at::kLong);
   VerifyTensors t{lc,
@@ -153,4 +154,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lantern, CUDA, m) { m.impl("verify", &verify_cuda); }
+LANTERN_KERNEL(CUDA, verify, &verify_cuda);

@@ -12,7 +12,9 @@ ones are fused. ``resolve`` picks the implementation; ``dispatch`` is the same, 
 torch.compile traces the reference runs as the opaque ``lantern_reference::<op>`` (its Python has
 value-dependent control flow a graph cannot hold); eager code calls the reference functions directly.
 ``resolved_backends(device)`` names, once per run, the backend each op resolves to; passing those names as
-``backend=`` skips the default's lookup.
+``backend=`` skips the default's lookup. A decoding run holds them for its whole call (``holding_backends``,
+``decoding.exclusive.one_backend_per_run``): its op calls pass them, and the calls that name no backend (inside
+the models) use them too, so the run cannot change backend midway, whatever ``enable_fused`` sets meanwhile.
 
 Before a fused kernel first runs an op on a device, ``resolve`` compares it with the reference on a few tiny
 cases (``lantern.ops.self_check``; docs/self_check.md). A kernel that disagrees is never used for that op on
@@ -125,7 +127,8 @@ def _resolve(op_name: str, device: torch.device, count: bool, backend: Optional[
     counted (``kernel_calls``), which a mere question (``resolved_backends``) is not."""
     explicit = backend is not None
     if not explicit:
-        backend = active_backend()
+        run = getattr(_state, "run_backends", None)
+        backend = run[op_name] if run is not None else active_backend()
     elif backend not in _REGISTRY and backend != "auto":
         _validate(backend)  # raises, naming the choices
     if backend == "reference":
@@ -185,6 +188,29 @@ def resolved_backends(device, backend: Optional[str] = None) -> Dict[str, str]:
         chosen[op_name] = next((name for name in ("cpu", "cuda", "triton") if _REGISTRY[name].get(op_name) is impl),
                                "reference")
     return chosen
+
+
+def run_backends(device) -> Dict[str, str]:
+    """The backends of the decoding run this thread is in (``holding_backends``), else ``resolved_backends`` of
+    ``device`` now."""
+    run = getattr(_state, "run_backends", None)
+    return run if run is not None else resolved_backends(device)
+
+
+@contextlib.contextmanager
+def holding_backends(device) -> Iterator[Dict[str, str]]:
+    """Resolves every op's backend for ``device`` once (``resolved_backends``) and holds the choice for the
+    block: op calls on this thread that name no ``backend=`` run it, whatever ``enable_fused`` / ``fused`` set
+    meanwhile. Inside a block already holding them (a run that starts another: generate_spec's calibration
+    or its AR loop) the outer block's choice stays."""
+    if getattr(_state, "run_backends", None) is not None:
+        yield _state.run_backends
+        return
+    _state.run_backends = resolved_backends(device)
+    try:
+        yield _state.run_backends
+    finally:
+        _state.run_backends = None
 
 
 def dispatch(op_name: str, device: torch.device, backend: Optional[str] = None) -> Callable:

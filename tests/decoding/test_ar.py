@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from lantern import ops
+import lantern
+from lantern import _backend, ops
 from lantern.decoding import generate_ar
 from lantern.models import build_gpt
 
@@ -77,3 +78,20 @@ def test_length_stops_at_a_prefix_of_the_full_image(model):
     for bad in (0, model.config.block_size + 1, 2.0, True):
         with pytest.raises(ValueError, match="length"):
             generate_ar(model, labels, length=bad)
+
+
+@pytest.mark.skipif(not lantern.fused_ops("cpu").get("verify", False), reason="lantern._C is not built")
+def test_a_run_keeps_the_backend_it_started_with(model):
+    """generate_ar resolves verify's backend once: a per-token callback that switches the default to cpu after
+    the first token leaves the run on the reference (no cpu kernel runs) and the tokens unchanged; a run
+    started under cpu runs its verify kernel once per token (the count is not vacuous)."""
+    labels = torch.tensor([0, 4])
+    calls = lambda: _backend.kernel_calls()["ran"].get(("cpu", "verify"), 0)
+    want = generate_ar(model, labels, cfg_scale=3.0, seed=7)
+    before = calls()
+    with lantern.fused("reference"):
+        got = generate_ar(model, labels, cfg_scale=3.0, seed=7, on_token=lambda _: lantern.enable_fused("cpu"))
+    assert calls() == before and torch.equal(got, want)
+    with lantern.fused("cpu"):
+        generate_ar(model, labels, cfg_scale=3.0, seed=7, on_token=lambda _: lantern.disable_fused())
+    assert calls() == before + model.config.block_size

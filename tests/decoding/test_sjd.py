@@ -174,7 +174,7 @@ def test_delta0_sjd_reproduces_the_ar_law(small_target, coupling, init):
 
 
 def test_negative_control_wrong_residual_fails(small_target, monkeypatch):
-    def broken(*args, **kwargs):
+    def broken(*args, backend=None, **kwargs):  # ops.verify's signature; the faulty reference runs whatever backend
         return reference_verify.verify(*args, **kwargs, faults=("wrong_residual",))
 
     monkeypatch.setattr(ops, "verify", broken)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lantern
-from lantern import ops
+from lantern import _backend, ops
 from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
 from lantern.models import build_gpt
 from lantern.models.drafter import EagleDrafter, GPTDrafter
@@ -150,3 +150,38 @@ def test_fused_loop_is_thread_invariant():
     (table1, tokens1, steps1), (table2, tokens2, steps2) = runs
     assert torch.equal(table1, table2) and torch.equal(tokens1, tokens2) and steps1 == steps2
     assert steps1 < target.config.block_size  # drafts were accepted: the tree path ran
+
+
+def _cpu_kernel_calls_of(run):
+    """run() -> (its result, {op: calls of lantern's cpu kernel for op during run}, only ops that ran)."""
+    before = _backend.kernel_calls()["ran"]
+    out = run()
+    after = _backend.kernel_calls()["ran"]
+    return out, {op: n - before.get((name, op), 0) for (name, op), n in after.items()
+                 if name == "cpu" and n > before.get((name, op), 0)}
+
+
+@pytest.mark.skipif(not lantern.fused_ops("cpu").get("verify", False), reason="lantern._C is not built")
+@pytest.mark.parametrize("start,switch_to", [("reference", "cpu"), ("cpu", "reference")])
+def test_a_run_keeps_the_backends_it_started_with(target, start, switch_to):
+    """A run resolves its ops' backends once, at its start: a progress callback that switches the default
+    (lantern.enable_fused) after the first step changes neither the kernels the rest of the run calls (the cpu
+    kernels' call counts: tree_attention inside the model, verify and compact_kv in the loop) nor the tokens.
+    Started under cpu, the run calls those kernels (the counts are not vacuous); under the reference, none."""
+    labels = torch.tensor([0, 3, 7])
+    drafter = drafters(target)["small"]
+    config = SpecConfig(method="spec", tree="chain", depth=3)
+
+    def run(on_step=None):
+        with lantern.fused(start):  # restores the default on exit, whatever on_step set
+            return generate_spec(target, drafter, labels, config=config, cfg_scale=2.0, seed=2, on_step=on_step)[0]
+
+    want, want_calls = _cpu_kernel_calls_of(run)
+    switched = []
+    got, got_calls = _cpu_kernel_calls_of(lambda: run(lambda _: switched.append(lantern.enable_fused(switch_to))))
+    assert len(switched) > 1  # the default changed while the run had steps left
+    assert torch.equal(got, want) and got_calls == want_calls
+    if start == "cpu":
+        assert {"tree_attention", "verify", "compact_kv"} <= set(want_calls)
+    else:
+        assert want_calls == {}

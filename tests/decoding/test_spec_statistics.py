@@ -76,7 +76,7 @@ def test_delta0_reproduces_the_ar_joint_distribution(models, config):
 
 
 def test_negative_control_wrong_residual_fails(models, monkeypatch):
-    def broken(*args, **kwargs):
+    def broken(*args, backend=None, **kwargs):  # ops.verify's signature; the faulty reference runs whatever backend
         return reference_verify.verify(*args, **kwargs, faults=("wrong_residual",))
 
     monkeypatch.setattr(ops, "verify", broken)

@@ -60,7 +60,7 @@ def test_delta0_sjd_reproduces_the_models_ar_law(janus5):
 
 
 def test_negative_control_wrong_residual_fails(janus5, monkeypatch):
-    def broken(*args, **kwargs):
+    def broken(*args, backend=None, **kwargs):  # ops.verify's signature; the faulty reference runs whatever backend
         return reference_verify.verify(*args, **kwargs, faults=("wrong_residual",))
 
     monkeypatch.setattr(ops, "verify", broken)

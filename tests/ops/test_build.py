@@ -117,3 +117,55 @@ def test_sdist_holds_every_source_whatever_the_build_finds(tmp_path):
     missing = sorted(needed - held)
     assert not missing, missing
     assert not any(name.endswith((".so", ".pyc")) for name in held)
+
+
+# a process whose lantern declares philox_uniform with one argument fewer than lantern._C's kernel takes: the
+# Python package changed a schema and the extension was not rebuilt
+_STALE_BUILD = """
+import json
+import warnings
+import torch
+define = torch.library.define
+def changed(name, schema, *args, **kwargs):
+    if name == "lantern::philox_uniform":
+        schema = "(Tensor seed, Tensor c0, Tensor c1, Tensor c2) -> Tensor"
+    return define(name, schema, *args, **kwargs)
+torch.library.define = changed
+import lantern
+seen = {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    seen["build_info"] = lantern.build_info()
+seen["warned"] = " ".join(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
+seen["registered"] = torch._C._dispatch_has_kernel_for_dispatch_key("lantern::compact_kv", "CPU")
+try:
+    lantern.enable_fused("cpu")
+except RuntimeError as e:
+    seen["refused"] = str(e)
+lantern.enable_fused("auto")
+seen["auto"] = lantern.ops.philox_uniform(1, torch.arange(3), 0, 0, 0).tolist()
+print(json.dumps(seen))
+"""
+
+
+def test_a_kernel_that_does_not_match_its_schema_raises_instead_of_aborting():
+    """lantern._C registers its kernels when lantern calls register_kernels(), not from static initializers: a
+    kernel whose signature differs from the schema the Python package declares (a stale build) gives a Python
+    RuntimeError saying to rebuild, no kernel stays registered, the cpu backend refuses with that reason and
+    "auto" runs the reference; the process does not abort. The control: this process's lantern registers
+    them (test_extension_imports_and_registers_cpu_kernels)."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _STALE_BUILD], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = json.loads(run.stdout.splitlines()[-1])
+    for key in ("build_info", "warned", "refused"):
+        assert "lantern._C does not match the lantern Python package" in lines[key], (key, lines[key])
+        assert "make install" in lines[key] and "pip install --no-build-isolation -e ." in lines[key]
+    assert "lantern::philox_uniform" in lines["refused"]  # the dispatcher's message names the op
+    assert lines["registered"] is False  # the kernels registered before the mismatch were undone
+    from lantern.ops.reference.philox import philox_uniform
+
+    assert lines["auto"] == philox_uniform(1, torch.arange(3), 0, 0, 0).tolist()

@@ -1,7 +1,7 @@
 """philox_uniform on the backends that implement it (reference; cpu and cuda: csrc/include/lantern/philox.h
 via csrc/cpu, csrc/cuda) against SPEC §5's known answers and the reference, bit for bit; the extension op's
 own checks and CUDA-graph replay. (Triton's Philox lives inside its verify kernel:
-tests/ops/test_verify_triton.py.)"""
+tests/ops/test_verify.py.)"""
 import pytest
 import torch
 

@@ -19,8 +19,11 @@ tests/ops/conftest.py), by behaviour:
 - bad input (SPEC §9): every argument is checked, with a message that names it, the same on every backend;
   processed logits that are no distribution and settings the kernels cannot represent are refused;
 - an empty batch.
-The kernels' own pieces (the extension op called directly, the Triton Philox and radix width, the CUDA kernel
-against the CPU kernel) are in tests/ops/test_verify_kernels.py."""
+- the kernels' own pieces, each group skipped (with the reason) where its kernel is missing: lantern._C's op
+  called directly (its argument checks, opcheck, torch.compile, the CPU kernel's split over threads), the CUDA
+  kernel against the CPU kernel it ports (a GPU), the Triton kernel's Philox and the GPU's radix width.
+The CUDA kernel under the host SIMT emulator is tests/ops/test_verify_cuda_emulated.py; the laws of the walk
+(statistical tests) are in tests/stats."""
 from __future__ import annotations
 
 import math
@@ -32,11 +35,15 @@ import torch
 import backends
 import lantern
 from lantern import ops
+from lantern.ops import verify_op
+from lantern.ops.reference import philox as ref_philox
+from lantern.ops.reference.verify import VerifyResult
 from op_cases import (
     AGREEMENT,
     FLOAT64_COMPUTE,
     FLOAT64_EXACT,
     LLAMAGEN_SETTINGS,
+    PHILOX_KNOWN_ANSWERS,
     PINNED,
     PINNED_SMALL,
     agreement,
@@ -45,6 +52,7 @@ from op_cases import (
     pinned_id,
     random_case,
     random_cases,
+    random_neighbours,
     rows_agree,
     to_device,
     verify_pair,
@@ -917,3 +925,374 @@ def test_reference_verify_of_no_rows_matches_cpu(T):
         for name, a, b in zip(want._fields, result, want):
             assert a.shape == b.shape and a.dtype == b.dtype and a.device == b.device, name
     assert [tuple(a.shape) for a in want] == [(0,), (0, T - 1), (0,), (0, T)]
+
+
+# ==== lantern._C's verify called directly (cpu, cuda): the kernel's own argument checks, opcheck, torch.compile,
+# the CPU kernel's vocabulary split over threads ----------------------------------------------------------------
+
+EXTENSION = backends.params(["cpu", "cuda"])
+
+
+@pytest.mark.parametrize("backend", EXTENSION, indirect=True)
+@pytest.mark.no_kernel_check("checks the routing only (resolve), runs no op")
+def test_routed_to_the_extension(backend, device):
+    assert lantern._backend.resolve("verify", device) is backends.kernel("cpu", "verify")
+    with lantern.fused("auto"):
+        assert lantern._backend.resolve("verify", device) is backends.kernel("cpu", "verify")
+
+
+def with_threads(n, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("backend", backends.params(["cpu"]), indirect=True)
+@pytest.mark.parametrize("seed", range(2000, 2012))
+def test_single_row_splits_the_vocabulary_without_changing_results(backend, seed):
+    """B = 1 with V = 16384 >= 2 chunks: with more threads than rows the kernel splits each node's vocabulary
+    passes over the threads (csrc/cpu/verify.cpp). The result must equal the one-thread run bit for bit and
+    agree with the reference (pinned: exactly)."""
+    args, kwargs = random_case(seed, V=16384, T=9, B=1)
+    one = with_threads(1, lambda: backends.kernel("cpu", "verify")(*args, **kwargs))
+    split = with_threads(4, lambda: backends.kernel("cpu", "verify")(*args, **kwargs))
+    for a, b in zip(one, split):
+        assert torch.equal(a, b)
+    with lantern.fused("reference"):
+        want = ops.verify(*args, **kwargs)
+    for a, b in zip(want, split):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", EXTENSION, indirect=True)
+@pytest.mark.no_kernel_check("bad input: rejected before any kernel runs")
+def test_bad_input_raises_like_reference(backend, device):
+    """Bad inputs raise the same errors under the backend as under the reference (the checks run before any
+    backend); the kernel's own checks guard direct calls of torch.ops.lantern.verify."""
+    args, kwargs = to_device(random_case(5, V=16, T=5, B=2), device)
+    logits, tokens, parents, nbrs = args
+    bad_tokens = tokens.clone()
+    bad_tokens[0, 0] = 16
+    for name in ("reference", backend):
+        with lantern.fused(name), pytest.raises(ValueError, match="tokens"):
+            ops.verify(logits, bad_tokens, parents, nbrs, **kwargs)
+    B, T, V = logits.shape
+    on = lambda t: t.to(device)  # noqa: E731
+    direct = lambda **over: torch.ops.lantern.verify(**{**dict(
+        logits=logits, tokens=on(torch.zeros(B, T, dtype=torch.int64)), parents=on(torch.full((B, T), -1)),
+        neighbours=None, uncond_logits=None, cfg_scale=on(torch.ones(B)), temperature=on(torch.ones(B)),
+        top_k=on(torch.zeros(B, dtype=torch.int64)), top_p=on(torch.ones(B, dtype=torch.float64)), draft_probs=None,
+        k=0, delta=0.0, lam=None, node_budget=False, seed=on(torch.tensor(0)), offset=on(torch.tensor(0))), **over})
+    direct()  # a valid call: every node but the root is padding
+
+    def rejects(match, bad_row, **over):
+        """The kernel's value checks: a ValueError on cpu; on cuda (no host sync) the bad row is marked -1
+        and the other row is untouched (docs/semantics.md)."""
+        if device.type != "cuda":
+            with pytest.raises(ValueError, match=match):
+                direct(**over)
+            return
+        accept_len, path, next_token, status = (t.cpu() for t in direct(**over))
+        assert accept_len[bad_row] == -1 and next_token[bad_row] == -1, match
+        assert (path[bad_row] == -1).all() and (status[bad_row] == -1).all(), match
+        assert accept_len[1 - bad_row] >= 0 and next_token[1 - bad_row] >= 0, match
+
+    parents_bad = torch.full((B, T), -1)
+    parents_bad[1, 2] = 2
+    rejects("parents", 1, parents=on(parents_bad))
+    tok_bad, par_ok = torch.zeros(B, T, dtype=torch.int64), torch.full((B, T), -1)
+    par_ok[0, 1], tok_bad[0, 1] = 0, V
+    rejects("tokens", 0, tokens=on(tok_bad), parents=on(par_ok))
+    tok_ok = torch.zeros(B, T, dtype=torch.int64)
+    nb_bad = torch.full((V, 2), V, dtype=torch.int32)
+    rejects("neighbours", 0, tokens=on(tok_ok), parents=on(par_ok), neighbours=on(nb_bad), k=2)
+    with pytest.raises(ValueError, match="k=3 exceeds"):
+        direct(neighbours=on(nb_bad), k=3)
+    with pytest.raises(TypeError, match="top_p"):
+        direct(top_p=on(torch.ones(B)))
+
+
+@pytest.mark.parametrize("backend", EXTENSION, indirect=True)
+@pytest.mark.no_kernel_check("the compiled graph calls torch.ops.lantern.verify itself: no fallback to hide a kernel")
+def test_torch_compile_fullgraph(backend, device):
+    """torch.compile traces a step that calls the fused verify (through its fake implementation)."""
+    args, kwargs = to_device(random_case(12, V=64, T=9, B=4), device)
+    logits, tokens, parents, nbrs = args
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("temperature", "top_k", "top_p", "cfg_scale")}
+    kwargs["seed"], kwargs["offset"] = torch.tensor(3, device=device), torch.tensor(5, device=device)
+
+    def step(logits, tokens, parents, nbrs):
+        r = backends.kernel("cpu", "verify")(logits * 1.0, tokens, parents, nbrs, **kwargs)
+        return r.accept_len + 0, r.next_token, r.path, r.node_status
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    got = compiled(logits, tokens, parents, nbrs)
+    want = step(logits, tokens, parents, nbrs)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", EXTENSION, indirect=True)
+@pytest.mark.no_kernel_check("calls torch.ops.lantern.verify itself (opcheck): no fallback to hide a kernel")
+def test_opcheck(backend, device):
+    args, kwargs = to_device(random_case(13, V=32, T=6, B=3), device)
+    logits, tokens, parents, nbrs = args
+    B = logits.shape[0]
+    k = 2
+    nb = random_neighbours(np.random.default_rng(0), 32, 4).to(device)
+    on = lambda t: t.to(device)  # noqa: E731
+    torch.library.opcheck(torch.ops.lantern.verify.default, (
+        logits, tokens, parents, nb, None, on(torch.full((B,), 2.0)), on(torch.ones(B)),
+        on(torch.zeros(B, dtype=torch.int64)), on(torch.ones(B, dtype=torch.float64)), None, k, 0.1, None, False,
+        on(torch.tensor(1)), on(torch.tensor(2))))
+
+
+# ==== the CUDA kernel against the CPU kernel it ports -----------------------------------------------------------
+# Same compute type (float64 for float64 logits), same scalar rules (lantern/verify.h), same top-k / top-p
+# selections. Rows must agree exactly on >= 99.9 % of random cases (they differ only where a sum rounds
+# differently: the GPU sums in a block-wide tree, the CPU in index order; or where CUDA's exp / log1pf round
+# differently from glibc's). Also: the kernel's own paths (V not a multiple of the block, V = 1, T = 1, k larger
+# than the block, every logit masked, mixed input dtypes), invalid rows marked -1 when the op is called directly,
+# no host synchronisation, and CUDA-graph replay with a new offset. Each test needs a GPU and lantern._C built
+# with CUDA (``cuda_kernel``: marked gpu, skipped with the reason otherwise).
+
+def cuda_kernel(test):
+    """Marks ``test`` gpu, skipped with the reason without a device or lantern._C's CUDA verify kernel."""
+    for mark in backends.cuda_kernel_marks("verify"):
+        test = mark(test)
+    return test
+
+
+def cpu_and_cuda(args, kwargs):
+    """(cpu backend, cuda backend) results of one lantern.ops.verify call, both moved to the CPU."""
+    with lantern.fused("cpu"):
+        want = ops.verify(*to_device(args, "cpu"), **to_device(kwargs, "cpu"))
+    with lantern.fused("cuda"):
+        got = ops.verify(*to_device(args, "cuda"), **to_device(kwargs, "cuda"))
+    return want, VerifyResult(*(t.cpu() for t in got))
+
+
+def assert_agree(cases, exact=False):
+    agree, rows, bad = agreement(cpu_and_cuda, cases)
+    print(f"verify cuda vs cpu: {agree}/{rows} rows agree, cases with a mismatch: {bad}")
+    assert (agree == rows) if exact else (agree / rows >= AGREEMENT), (agree, rows, bad)
+
+
+@cuda_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_agrees_with_the_cpu_kernel_on_random_cases(dtype):
+    assert_agree({seed: random_case(seed, dtype=dtype) for seed in range(2000, 2120)})
+
+
+@cuda_kernel
+@pytest.mark.parametrize("V", [1, 2, 511, 513, 1537, 20000])
+@pytest.mark.parametrize("T", [1, 2, 17])
+def test_vocabulary_sizes_around_the_block(V, T):
+    """V below, just around and far above the 512-thread block, and T = 1 (no children: the bonus race)."""
+    assert_agree({seed: random_case(seed, V=V, T=T, B=8) for seed in range(3000, 3006)})
+
+
+@cuda_kernel
+def test_neighbour_merge_longer_than_the_block():
+    """k = 700 > 512 neighbours: the merge loads them in two chunks and must stop exactly where the CPU does."""
+    args, kwargs = random_case(4000, V=2048, T=9, B=8)
+    rng = np.random.default_rng(4000)
+    nbrs = random_neighbours(rng, 2048, 800)
+    kwargs = {**kwargs, "k": 700, "lam": None, "delta": 0.9, "budget": "candidate"}
+    assert_agree({0: ((*args[:3], nbrs), kwargs)})
+
+
+@cuda_kernel
+@pytest.mark.parametrize("top_k", [0, 5])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_every_logit_masked_gives_token_zero(top_k, sampled):
+    """A node whose logits are all -inf has no mass: the walk rejects and the race gives token 0, as on the CPU
+    (with top-k the CPU's support is every token with weight NaN; without it, empty)."""
+    B, T, V = 3, 4, 700
+    logits = torch.full((B, T, V), float("-inf"))
+    logits[1] = torch.randn(T, V)  # one ordinary row beside them
+    parents = torch.tensor([[-1, 0, 0, 1]] * B)
+    tokens = torch.tensor([[0, 3, 5, 7]] * B)
+    draft = torch.softmax(torch.randn(B, T, V), -1) if sampled else None
+    kwargs = dict(top_k=top_k, draft_probs=draft, seed=5, offset=9)
+    want, got = cpu_and_cuda((logits, tokens, parents, None), kwargs)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
+    assert got.next_token[0] == 0 and got.next_token[2] == 0
+
+
+@cuda_kernel
+def test_mixed_input_dtypes():
+    """uncond_logits in another dtype than logits, drafter rows in float32 beside float16 logits."""
+    args, kwargs = random_case(5000, V=300, T=9, B=16, dtype=torch.float16)
+    logits = args[0]
+    uncond = torch.randn(logits.shape, dtype=torch.float32)
+    draft = torch.softmax(torch.randn(logits.shape), -1)
+    cases = {0: (args, {**kwargs, "uncond_logits": uncond}), 1: (args, {**kwargs, "draft_probs": draft})}
+    assert_agree(cases)
+
+
+def direct_args(B=3, T=5, V=64, K=4, seed=6):
+    g = torch.Generator().manual_seed(seed)
+    d = "cuda"
+    parents = torch.tensor([[-1, 0, 0, 1, 2]] * B)[:, :T]
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    return dict(
+        logits=torch.randn(B, T, V, generator=g).to(d), tokens=tokens.to(d), parents=parents.to(d),
+        neighbours=torch.randint(0, V, (V, K), generator=g, dtype=torch.int32).to(d), uncond_logits=None,
+        cfg_scale=torch.ones(B, device=d), temperature=torch.ones(B, device=d),
+        top_k=torch.zeros(B, dtype=torch.int64, device=d), top_p=torch.ones(B, dtype=torch.float64, device=d),
+        draft_probs=None, k=2, delta=0.1, lam=None, node_budget=False,
+        seed=torch.tensor(11, device=d), offset=torch.tensor(3, device=d))
+
+
+@cuda_kernel
+@pytest.mark.parametrize("fault", ["root", "parent", "token", "neighbour"])
+def test_invalid_row_is_marked_and_others_are_unchanged(fault):
+    """Called directly (no host checks), an invalid row gets accept_len = next_token = -1, path = node_status
+    = -1; the kernel reads nothing out of bounds and the other rows equal the CPU op's on the same batch with
+    the fault undone (rows are independent; a row's random stream depends on its index)."""
+    good = direct_args()
+    V = good["logits"].shape[-1]
+    if fault == "neighbour":  # row 1's candidates are all token V - 1, the others' token 0
+        good["tokens"][1, 1:] = V - 1
+        good["tokens"][[0, 2], 1:] = 0
+    bad = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in good.items()}
+    if fault == "root":
+        bad["parents"][1, 0] = 0
+    elif fault == "parent":
+        bad["parents"][1, 3] = 4
+    elif fault == "token":
+        bad["tokens"][1, 2] = V
+    else:
+        bad["neighbours"][V - 1] = V + 5
+    got = [t.cpu() for t in torch.ops.lantern.verify(**bad)]
+    assert got[0][1] == -1 and got[2][1] == -1
+    assert (got[1][1] == -1).all() and (got[3][1] == -1).all()
+    want = torch.ops.lantern.verify(**{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in good.items()})
+    ok = [0, 2]
+    for w, g in zip(want, got):
+        assert torch.equal(w[ok], g[ok])
+
+
+@cuda_kernel
+def test_no_host_synchronisation():
+    a = direct_args()
+    torch.ops.lantern.verify(**a)  # warm-up (allocator, module load)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.ops.lantern.verify(**a)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@cuda_kernel
+@pytest.mark.parametrize("sampled", [False, True])
+def test_cuda_graph_replays_with_a_new_offset(sampled):
+    a = direct_args(B=4, T=5, V=1000, seed=7)
+    if sampled:
+        a["draft_probs"] = torch.softmax(torch.randn_like(a["logits"]), -1)
+    offset = torch.tensor(0, device="cuda")
+    a["offset"] = offset
+    torch.ops.lantern.verify(**a)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.lantern.verify(**a)
+    for step in (1, 2, 77):
+        offset.fill_(step)
+        graph.replay()
+        eager = torch.ops.lantern.verify(**{**a, "offset": torch.tensor(step, device="cuda")})
+        for g, e in zip(out, eager):
+            assert torch.equal(g, e)
+
+
+# ==== the Triton kernel's own pieces (lantern/kernels/verify.py): its Philox against SPEC §5's known answers and
+# the reference, and the GPU's radix digit width. Without a GPU they run under Triton's interpreter on CPU
+# tensors (tests/conftest.py sets TRITON_INTERPRET=1) ----------------------------------------------------------
+
+TRITON_DEVICE = backends.device_for("triton")
+KNOWN = [(seed, counters, u) for seed, counters, _, u, _ in PHILOX_KNOWN_ANSWERS]  # SPEC §5: seed, counters -> u
+try:
+    import triton
+    import triton.language as tl
+
+    from lantern.kernels import verify as triton_verify
+except ImportError as e:  # triton missing, or the kernel module failed to import (tests/ops/test_routing.py)
+    triton, _TRITON_MISSING = None, f"triton's verify kernel does not import: {e}"
+else:
+    _TRITON_MISSING = None
+needs_triton_kernel = pytest.mark.skipif(triton is None, reason=str(_TRITON_MISSING))
+
+if triton is not None:
+    @triton.jit
+    def _uniform_kernel(seed_ptr, c0_ptr, c1_ptr, c2_ptr, c3_ptr, out_ptr, tl_out_ptr, N, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        mask = offs < N
+        seed = tl.load(seed_ptr)
+        c0 = tl.load(c0_ptr + offs, mask=mask, other=0).to(tl.uint32)
+        c1 = tl.load(c1_ptr + offs, mask=mask, other=0).to(tl.uint32)
+        c2 = tl.load(c2_ptr + offs, mask=mask, other=0).to(tl.uint32)
+        c3 = tl.load(c3_ptr + offs, mask=mask, other=0).to(tl.uint32)
+        tl.store(out_ptr + offs, triton_verify._uniform(seed, c0, c1, c2, c3), mask=mask)
+        word, _, _, _ = tl.philox(seed, c0, c1, c2, c3)  # Triton's own Philox, for the layout check
+        tl.store(tl_out_ptr + offs, tl.random.uint_to_uniform_float(word), mask=mask)
+
+
+def kernel_uniforms(seed: int, counters: np.ndarray):
+    """(the kernel's uniforms, tl.philox's uniforms) for counters [4, N] (values in [0, 2^32))."""
+    N = counters.shape[1]
+    cs = [torch.as_tensor(c.astype(np.int64), device=TRITON_DEVICE) for c in counters]
+    seed_t = torch.tensor([seed - 2**64 if seed >= 2**63 else seed], dtype=torch.int64, device=TRITON_DEVICE)
+    out, tl_out = (torch.empty(N, dtype=torch.float32, device=TRITON_DEVICE) for _ in range(2))
+    _uniform_kernel[(1,)](seed_t, *cs, out, tl_out, N, BLOCK=triton.next_power_of_2(N))
+    return out.cpu(), tl_out.cpu()
+
+
+@needs_triton_kernel
+@pytest.mark.parametrize("seed,counters,u", KNOWN)
+def test_philox_known_answers(seed, counters, u):
+    got, from_tl = kernel_uniforms(seed, np.array(counters).reshape(4, 1))
+    want = torch.tensor([u], dtype=torch.float32)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(from_tl.view(torch.int32), want.view(torch.int32))
+
+
+@needs_triton_kernel
+def test_philox_matches_reference_bit_for_bit():
+    """The kernel's uniforms (and tl.philox's: same key/counter layout) equal the reference's."""
+    rng = np.random.default_rng(0)
+    counters = rng.integers(0, 2**32, (4, 256), dtype=np.uint64).astype(np.int64)
+    for seed in (0, 7, 2**40 + 3, 2**64 - 5):
+        got, from_tl = kernel_uniforms(seed, counters)
+        want = ref_philox.philox_uniform(seed, *(torch.as_tensor(c) for c in counters))
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+        assert torch.equal(from_tl.view(torch.int32), want.view(torch.int32))
+
+
+@needs_triton_kernel
+def test_triton_is_routed():
+    with lantern.fused("triton"):
+        assert lantern._backend.resolve("verify", TRITON_DEVICE) is backends.kernel("triton", "verify")
+
+
+@pytest.mark.parametrize("backend", backends.params(["triton"]), indirect=True)
+@pytest.mark.parametrize("seed", [0, 13])
+@pytest.mark.no_kernel_check("calls the kernel's launcher itself (kv.run, to set the digit width): nothing could "
+                             "reroute it, and only the op's caller counts calls")
+def test_gpu_radix_width_agrees(backend, seed):
+    """The GPU's digit width (4 bits, 8 passes) selects the same top-k / top-p sets as the interpreter's 8."""
+    args, kwargs = random_case(seed, V=512, T=9, B=4)
+    kwargs.update(top_k=torch.tensor([0, 1, 7, 100]).clamp(max=args[0].shape[-1]), top_p=torch.tensor(
+        [0.5, 1.0, 0.9, 0.2], dtype=torch.float64), temperature=1.0)
+    args, kwargs = to_device(args, TRITON_DEVICE), to_device(kwargs, TRITON_DEVICE)
+    with lantern.fused("reference"):
+        want = ops.verify(*args, **kwargs)
+    got = triton_verify.run(*verify_op.to_schema("triton", *args, **kwargs), radix_bits=4)
+    for a, b in zip(want, got):
+        assert torch.equal(a.cpu(), b.cpu())

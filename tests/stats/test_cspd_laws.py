@@ -139,7 +139,8 @@ def two_sample_test(pair, config):
 
 
 def _faulty(fault):
-    return lambda *a, **k: reference_continuous_verify(*a, **k, faults=(fault,))
+    """ops.continuous_verify's stand-in: the faulty reference, whatever backend= the loop asks for."""
+    return lambda *a, backend=None, **k: reference_continuous_verify(*a, **k, faults=(fault,))
 
 
 @pytest.mark.parametrize("align", [True, False])

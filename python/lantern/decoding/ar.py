@@ -13,6 +13,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import ops
+from .._backend import run_backends
 from ..models.gpt import check_emb_masks
 from .compiled import (
     AUTO,
@@ -24,7 +25,7 @@ from .compiled import (
     compiled_target,
     resolve_compile,
 )
-from .exclusive import holds_models
+from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
 
 Number = Union[int, float, torch.Tensor]
@@ -32,15 +33,15 @@ Number = Union[int, float, torch.Tensor]
 
 def sample_next(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], *, cfg_scale: Number = 1.0,
                 temperature: Number = 1.0, top_k: Number = 0, top_p: Number = 1.0, seed: int = 0,
-                offset: int = 0, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+                offset: int = 0, rows: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> torch.Tensor:
     """logits / uncond_logits [B, V] -> next tokens [B] int64 (temperature 0 = greedy argmax); rows [B]: the
-    rows' Philox keys (``ops.verify``'s rows; default b)."""
+    rows' Philox keys (``ops.verify``'s rows; default b); backend: ``ops.verify``'s."""
     B = logits.shape[0]
     root = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)
     parents = torch.full((B, 1), -1, dtype=torch.int64, device=logits.device)
     result = ops.verify(logits[:, None], root, parents, uncond_logits=None if uncond_logits is None else
                         uncond_logits[:, None], cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
-                        top_p=top_p, seed=seed, offset=offset, rows=rows)
+                        top_p=top_p, seed=seed, offset=offset, rows=rows, backend=backend)
     return result.next_token
 
 
@@ -112,6 +113,7 @@ def check_length(length: Optional[int], block_size: int) -> int:
 
 
 @holds_models("model")
+@one_backend_per_run("model")
 @torch.no_grad()
 def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, temperature: Number = 1.0,
                 top_k: Number = 0, top_p: Number = 1.0, cfg_interval: int = -1, seed: int = 0,
@@ -134,7 +136,8 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     compile (what compile resolved to, and why), compile_s (the first call of each new graph, compile
     included) and compiled_graphs. ``image_ids`` [B] (default 0..B-1): each image's Philox row key, so an image's tokens
     depend on its id, not on its place in the batch (SPEC §5). One call at a time per model: a call from
-    another thread on the same model waits for this one (``exclusive.py``)."""
+    another thread on the same model waits for this one (``exclusive.py``). The ops' backends are resolved
+    once, at the start (``exclusive.one_backend_per_run``)."""
     check_condition(model, cond_idx)
     B = cond_idx.shape[0]
     L, C = check_length(length, model.config.block_size), model.config.cond_len
@@ -147,6 +150,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     cond = model.double_for_cfg(cond_idx) if guided else cond_idx
     rows = cond.shape[0]
     keys = check_image_ids(image_ids, B, device)
+    verify_backend = run_backends(device)["verify"]
     model.setup_cache(rows, C + model.config.block_size)  # whatever the length: one compiled graph per rows
     cache_len = torch.zeros(rows, dtype=torch.int64, device=device)
     logits = model(None, cond, cache_len=cache_len, emb_masks=masks)[:, -1]  # [rows, V]: predicts image token 0
@@ -171,7 +175,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
             broken |= nonfinite_logits(logits)
             tokens[:, step] = sample_next(lc, lu, cfg_scale=cfg_scale if lu is not None else 1.0,
                                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                          offset=step, rows=keys)
+                                          offset=step, rows=keys, backend=verify_backend)
             if on_token is not None:
                 on_token(step)
             if step + 1 < L:

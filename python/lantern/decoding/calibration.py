@@ -14,7 +14,7 @@ from .ar import check_condition, check_length, generate_ar
 from .compiled import CompileChoice, CompiledRun, CompileStats, resolve_compile
 from .config import Sampling, SpecConfig, check_config
 from .costs import CostModel, cache_key, cached_cost_model
-from .exclusive import holds_models
+from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
 from .planner import AR_PLAN, AcceptanceModel, measured_rates
 from .plans import Plan
@@ -54,6 +54,7 @@ def _below_one(x) -> bool:
 
 
 @holds_models("target", "drafter")
+@one_backend_per_run("target")
 def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: SpecConfig = SpecConfig(),
                        cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, seed: int = 0,
                        length: Optional[int] = None, cfg_interval: int = -1, remeasure: bool = False,

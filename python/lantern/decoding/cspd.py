@@ -26,8 +26,10 @@ from typing import Callable, List, Optional
 import torch
 
 from .. import ops
-from ..ops.checks_continuous import check_settings
+from .._backend import run_backends
+from ..ops.continuous_verify_op import check_settings
 from ..ops.reference.continuous_verify import DEFAULT_MAX_TRIES, capped
+from .exclusive import one_backend_per_run
 from .mar import (
     cfg_scale_at,
     check_finite_tokens,
@@ -212,6 +214,7 @@ class CSpDRun:
         self.cfg, self.cfg_schedule, self.temperature, self.seed = cfg, cfg_schedule, temperature, seed
         self.last_step_noise = config.resolved_last_step_noise()
         self.device = target.fake_latent.device
+        self.verify_backend = run_backends(self.device)["continuous_verify"]  # resolved once for the run
         self.L, self.C = target.config.seq_len, target.config.token_embed_dim
         self.dtype = token_dtype(target)
         guided = cfg != 1.0
@@ -304,7 +307,8 @@ class CSpDRun:
         result = ops.continuous_verify(
             drafted_f32[0], mean_p, std_p, drafted_f32[1], drafted_f32[2], target_out.logstd_sum.reshape(B, N).float(),
             drafted_f32[3], self.config.rule, self.config.bandwidth, self.config.sigma_ratio,
-            self.config.max_tries, self.seed, 0, rows=self.image_ids, positions=p.reshape(B, N))
+            self.config.max_tries, self.seed, 0, rows=self.image_ids, positions=p.reshape(B, N),
+            backend=self.verify_backend)
         tokens = tokens.clone()
         tokens[b, p] = result.tokens.reshape(-1, C).to(tokens.dtype)
         sync_device(self.device)
@@ -336,6 +340,7 @@ class CSpDRun:
                 counts[int(key)] += int(n)
 
 
+@one_backend_per_run("target")
 @torch.no_grad()
 def generate_cspd(target, drafter, labels: Optional[torch.Tensor], *, num_iter: Optional[int] = None,
                   config: Optional[CSpDConfig] = None, cfg: float = 1.0, cfg_schedule: str = "linear",

@@ -6,6 +6,9 @@ decoding entry point holds its models for the whole call (``holds_models``): a c
 on a model in use waits until the model is free (the calls are serialised, each gets its own tokens); a
 call from the thread that already holds the model (a progress callback starting another generation on it)
 would wait for itself, so it raises RuntimeError naming the model instead.
+
+Each entry point also holds its ops' backends for the whole call (``one_backend_per_run``): resolved once, at
+the start, for the device of its model, so the run cannot change backend midway.
 """
 from __future__ import annotations
 
@@ -14,7 +17,11 @@ import functools
 import inspect
 import threading
 import weakref
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional
+
+import torch
+
+from .._backend import holding_backends
 
 _STATES: "weakref.WeakKeyDictionary[object, _State]" = weakref.WeakKeyDictionary()
 _STATES_LOCK = threading.Lock()
@@ -95,4 +102,30 @@ def holds_models(*names: str) -> Callable:
         wrapper.unguarded = fn
         return wrapper
 
+    return decorate
+
+
+def model_device(model) -> Optional[torch.device]:
+    """Where a decoding model computes: the Target protocol's ``tok_embeddings.weight`` (docs/target.md), else a
+    module's first parameter (MAR); None when it has neither."""
+    weight = getattr(getattr(model, "tok_embeddings", None), "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.device
+    parameter = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    return parameter.device if parameter is not None else None
+
+
+def one_backend_per_run(model_arg: str) -> Callable:
+    """Decorator of a decoding entry point: the call runs inside ``lantern._backend.holding_backends`` for the
+    device of its argument ``model_arg`` (``model_device``; a model without one is not held: its loop resolves
+    the backends itself, once, from its own tensors' device)."""
+    def decorate(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            device = model_device(signature.bind_partial(*args, **kwargs).arguments.get(model_arg))
+            with contextlib.nullcontext() if device is None else holding_backends(device):
+                return fn(*args, **kwargs)
+        return wrapper
     return decorate

@@ -34,6 +34,7 @@ from ..ops.reference.noise import (  # noqa: F401
     noise_counters,
 )
 from .ar import check_class_ids, check_image_ids
+from .exclusive import one_backend_per_run
 from .options import OptionError, check_int, check_mar_settings
 
 IntOrTensor = Union[int, torch.Tensor]
@@ -227,6 +228,7 @@ def step_positions(seq_len: int, num_iter: int, step: int, mask: torch.Tensor, o
 DEFAULT_NUM_ITER = 64  # the released models' demo setting
 
 
+@one_backend_per_run("model")
 @torch.no_grad()
 def sample_mar(model, labels: Optional[torch.Tensor], *, num_iter: Optional[int] = None, cfg: float = 1.0,
                cfg_schedule: str = "linear", temperature: float = 1.0, seed: int = 0,

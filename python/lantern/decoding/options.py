@@ -238,9 +238,8 @@ def check_gpt_sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval,
     """The sampling settings of a GPT decoding call, checked as ``ops.verify`` checks them (numbers, or [B]
     tensors on the model's device; finite in float32, ...), but before the call's first forward."""
     from ..ops import checks
-    from ..ops.checks_verify import _check_counter, _check_sampling_settings
 
-    _check_sampling_settings(checks.plain(cfg_scale), checks.plain(temperature), checks.plain(top_k),
-                             checks.plain(top_p), B, device)
-    _check_counter("seed", checks.plain(seed), 64)  # an int, or a one-element integer tensor, as ops.verify takes
+    checks.check_sampling_settings(checks.plain(cfg_scale), checks.plain(temperature), checks.plain(top_k),
+                                   checks.plain(top_p), B, device)
+    checks.check_counter("seed", checks.plain(seed), 64)  # an int, or a one-element tensor, as ops.verify takes
     check_cfg_interval(checks.plain(cfg_interval))

@@ -4,7 +4,8 @@ with Jacobi self-drafting ("sjd"): the run drivers. The step they repeat is ``st
 (``proposers.py``), the settings from ``config.py``.
 
 Everything hot goes through ``lantern.ops`` (tree_attention inside the model, verify, compact_kv, build_tree),
-so ``lantern.enable_fused()`` swaps the kernels without touching the loop.
+so ``lantern.enable_fused()`` swaps the kernels without touching the loop; a run resolves them once, at its start
+(``exclusive.one_backend_per_run``; ``DecodeState.backends``).
 
 ``tree="auto"`` (the default) lets ``planner.Planner`` pick each step's plan (a tree, a Jacobi window, or a
 plain AR step) from a cost model measured on the device (``calibration.py``, ``costs.py``) and acceptance
@@ -24,7 +25,7 @@ from .ar import check_condition, check_image_ids, check_length, condition_masks,
 from .calibration import cost_model
 from .compiled import CompileChoice, CompiledRun, CompileStats, resolve_compile
 from .config import Sampling, SpecConfig, SpecStats, check_config
-from .exclusive import holds_models
+from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
 from .planner import AR_PLAN, AcceptanceModel, Planner
 from .proposers import new_state
@@ -32,6 +33,7 @@ from .state import StepFigures, progress
 
 
 @holds_models("target", "drafter")
+@one_backend_per_run("target")
 @torch.no_grad()
 def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[torch.Tensor] = None, *,
                   config: SpecConfig = SpecConfig(), cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0,

@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .. import ops
+from .._backend import run_backends
 from .ar import condition_masks, nonfinite_logits, sample_next
 from .compiled import CompiledRun, compiled_target, pad_room
 from .config import Sampling
@@ -134,6 +135,7 @@ class DecodeState:
                  compiled: Optional[CompiledRun] = None):
         """compiled: None (eager forwards), or the run's compiled forwards, node counts padded to buckets."""
         self.device = target.tok_embeddings.weight.device
+        self.backends = run_backends(self.device)  # op -> backend, resolved once for the run
         self.compiled = compiled
         if compiled is not None:
             target = compiled_target(target, compiled)
@@ -149,7 +151,7 @@ class DecodeState:
         lc, lu = (logits[:B, -1], logits[B:, -1]) if sampling.guided else (logits[:, -1], None)
         first = sample_next(lc, lu, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
                             top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, offset=0,
-                            rows=sampling.rows)
+                            rows=sampling.rows, backend=self.backends["verify"])
         self.out = torch.zeros(B, L, dtype=torch.int64, device=self.device)  # [B, L] the image tokens
         self.out[:, 0] = first
         self.n_done = torch.ones(B, dtype=torch.int64, device=self.device)
@@ -222,11 +224,12 @@ class DecodeState:
         tree_mask (packed ancestor bits), for ``Proposal``. layout: every row's parents as a tuple when the
         tree's shape is fixed (chain, static tree): its mask is made once per run."""
         positions = ((self.n_done - 1)[:, None] + depth).clamp(max=self.L - 1)
+        backend = self.backends["ancestor_mask"]
         if layout is None:
-            return dict(positions=positions, tree_mask=ops.ancestor_mask(parents))
+            return dict(positions=positions, tree_mask=ops.ancestor_mask(parents, backend=backend))
         mask = self._layout_masks.get(layout)
         if mask is None:
-            mask = self._layout_masks[layout] = ops.ancestor_mask(parents)
+            mask = self._layout_masks[layout] = ops.ancestor_mask(parents, backend=backend)
         return dict(positions=positions, tree_mask=mask)
 
     def step(self, plan: Plan, step: int):
@@ -276,7 +279,7 @@ class DecodeState:
         return ops.verify(logits[:B], proposal.tokens, proposal.parents, rule.neighbours if rule else None,
                           uncond_logits=uncond, cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k,
                           top_p=s.top_p, draft_probs=proposal.draft_probs, seed=s.seed, offset=offset, rows=s.rows,
-                          **(rule.verify_options() if rule else exact))
+                          backend=self.backends["verify"], **(rule.verify_options() if rule else exact))
 
     def commit(self, tree_tokens: torch.Tensor, result, n_emit: torch.Tensor):
         """Writes each row's accepted path tokens, then next_token, never past L; keeps the root's and the path's
@@ -296,7 +299,7 @@ class DecodeState:
             self.target_len = self.target_len + self.rep(n_emit)
         else:
             kept_len = ops.compact_kv(self.target.kv_cache, self.sub(self.target_len), self.sub(self.rep(kept_nodes)),
-                                      self.sub(self.rep(n_emit)))
+                                      self.sub(self.rep(n_emit)), backend=self.backends["compact_kv"])
             self.target_len = kept_len if self.live is None else self.target_len.index_copy(0, self.live, kept_len)
         self.n_done = n_done + n_emit
         return kept_nodes, emitted
@@ -320,7 +323,8 @@ class DecodeState:
         verification keeps a draft only if it is the target's top token, so a draw from the softmax would only
         waste the draft."""
         s = self.s
-        q = ops.process_logits(draft_logits, None, 1.0, s.temperature, s.top_k, s.top_p)
+        q = ops.process_logits(draft_logits, None, 1.0, s.temperature, s.top_k, s.top_p,
+                               backend=self.backends["process_logits"])
         if self.greedy_rows is None:
             return q
         top = torch.zeros_like(q).scatter_(-1, draft_logits.argmax(-1, keepdim=True), 1.0)

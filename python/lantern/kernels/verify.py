@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._common import configs, launcher
-from ._jit import (  # noqa: F401
+from ._jit import (
     _argmax,
     _argmin,
     _cumsum,
@@ -49,7 +49,6 @@ from ._jit import (  # noqa: F401
 # where each tl op costs the same whatever its size, 8 bits (4 passes of 256 bins). Both are exact.
 RADIX_BITS = 8 if os.environ.get("TRITON_INTERPRET", "0") == "1" else 4
 MAX_BLOCK_K = 1024
-
 
 
 @_device
@@ -166,48 +165,48 @@ def _enter_node(lc_row, lu_row, p_row, node, V, cfg, temperature, top_k, top_p, 
     threshold = tl.full((), float("-inf"), tl.float32)
     if (not greedy) & (top_k > 0) & (top_k < V):
         threshold = _top_k_threshold(p_row, V, top_k, BLOCK_V, BITS)
-    z = _kept_sum(p_row, V, l_max, threshold, 0, BLOCK_V)
+    z = _kept_sum(p_row, V, l_max, threshold, BLOCK_V)
     min_key = tl.full((), 0, tl.int64)
     if (not greedy) & (top_p < 1.0):
         min_key = _top_p_min_key(p_row, V, l_max, z, threshold, top_p, BLOCK_V, BITS)
         z_top_k = z
-        z = tl.full((), 0, tl.float32)
         acc = tl.full((BLOCK_V,), 0, tl.float32)
         for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            mask = offs < V
-            l = tl.load(p_row + offs, mask=mask, other=float("-inf"))
-            w = tl.where(mask & (l >= threshold), _exp(l - l_max), 0.0)
-            pi_key = (w / z_top_k).to(tl.int32, bitcast=True).to(tl.int64)
-            acc += tl.where(pi_key >= min_key, w, 0.0)
+            acc += _top_p_weight(p_row, start + tl.arange(0, BLOCK_V), V, l_max, threshold, z_top_k, min_key)
         z = _sum(acc)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
-            mask = offs < V
-            l = tl.load(p_row + offs, mask=mask, other=float("-inf"))
-            w = tl.where(mask & (l >= threshold), _exp(l - l_max), 0.0)
-            pi_key = (w / z_top_k).to(tl.int32, bitcast=True).to(tl.int64)
-            tl.store(p_row + offs, tl.where(pi_key >= min_key, w / z, 0.0), mask=mask)
+            w = _top_p_weight(p_row, offs, V, l_max, threshold, z_top_k, min_key)
+            tl.store(p_row + offs, w / z, mask=offs < V)
     else:
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
-            mask = offs < V
-            l = tl.load(p_row + offs, mask=mask, other=float("-inf"))
-            w = tl.where(mask & (l >= threshold), _exp(l - l_max), 0.0)
-            tl.store(p_row + offs, w / z, mask=mask)
+            tl.store(p_row + offs, _kept_weight(p_row, offs, V, l_max, threshold) / z, mask=offs < V)
     tl.debug_barrier()
 
 
 @_device
-def _kept_sum(p_row, V, l_max, threshold, unused,  # noqa: ARG001 (the one caller passes it positionally)
-              BLOCK_V: tl.constexpr):
+def _kept_weight(p_row, offs, V, l_max, threshold):
+    """w = exp(l - max) on the top-k set (l >= threshold), 0 elsewhere and outside the row."""
+    mask = offs < V
+    l = tl.load(p_row + offs, mask=mask, other=float("-inf"))
+    return tl.where(mask & (l >= threshold), _exp(l - l_max), 0.0)
+
+
+@_device
+def _top_p_weight(p_row, offs, V, l_max, threshold, z_top_k, min_key):
+    """w on the top-p set: the kept weights whose pi = w / z_top_k has a key >= min_key, 0 elsewhere."""
+    w = _kept_weight(p_row, offs, V, l_max, threshold)
+    pi_key = (w / z_top_k).to(tl.int32, bitcast=True).to(tl.int64)
+    return tl.where(pi_key >= min_key, w, 0.0)
+
+
+@_device
+def _kept_sum(p_row, V, l_max, threshold, BLOCK_V: tl.constexpr):
     """Z = sum of exp(l - max) over l >= threshold."""
     acc = tl.full((BLOCK_V,), 0, tl.float32)
     for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        mask = offs < V
-        l = tl.load(p_row + offs, mask=mask, other=float("-inf"))
-        acc += tl.where(mask & (l >= threshold), _exp(l - l_max), 0.0)
+        acc += _kept_weight(p_row, start + tl.arange(0, BLOCK_V), V, l_max, threshold)
     return _sum(acc)
 
 

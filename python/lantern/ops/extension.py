@@ -3,11 +3,15 @@
 Each op module defines its op ``lantern::<op>`` (the schema, once, in Python) and lantern._C registers a CPU
 and a CUDA kernel for it (csrc/cpu/<op>.cpp, csrc/cuda/<op>.cu); torch's dispatcher picks the kernel from the
 tensors' device, so both backends run the same caller (``library.Op``). ``implementations`` lists the ops that
-have a kernel for a dispatch key, asked of the dispatcher. If ``lantern._C`` cannot be imported, both backends
-report why they are unavailable and nothing else runs.
+have a kernel for a dispatch key, asked of the dispatcher. lantern._C registers its kernels when this module
+calls ``register_kernels()``, not when it loads: a kernel that does not match its schema (a stale build) raises
+there, and registers nothing. If ``lantern._C`` cannot be imported or its kernels do not match, both backends
+report why they are unavailable (with a RuntimeWarning for a mismatch), "auto" runs the reference and nothing
+else runs.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Dict, Optional
 
 import torch
@@ -22,6 +26,15 @@ except ImportError as e:  # not built, or built against another torch
         f"the C++ extension lantern._C is not built (pip install --no-build-isolation -e .): {e}")
 else:
     _IMPORT_ERROR = None
+    try:  # after the op modules declared the schemas: a kernel that does not match one raises, registering none
+        _C.register_kernels()
+    except (AttributeError, RuntimeError) as e:  # AttributeError: built before kernels registered on this call
+        _C = None
+        _IMPORT_ERROR = (f"lantern._C does not match the lantern Python package (a stale build?): rebuild it with "
+                         f"`make install` or `pip install --no-build-isolation -e .` ({e})"
+                         if isinstance(e, AttributeError) else str(e))
+        warnings.warn(f"lantern: the cpu and cuda backends are disabled: {_IMPORT_ERROR}", RuntimeWarning,
+                      stacklevel=2)
 
 
 def cuda_compiled() -> bool:

@@ -4,7 +4,8 @@ defines the op for every backend that serves it (docs/dispatch.md).
 An op module (``lantern/ops/<op>_op.py``) holds the public function, its argument checks, its schema, its fake
 (meta) implementation and its backend table, and builds one ``Op`` from them. ``Op`` then:
 - defines ``lantern::<op>`` with the schema when the table names the C++ extension (``EXTENSION``): lantern._C
-  only registers the CPU and CUDA kernels of that schema (``TORCH_LIBRARY_IMPL`` in csrc/cpu, csrc/cuda);
+  only registers the CPU and CUDA kernels of that schema (``LANTERN_KERNEL`` in csrc/cpu, csrc/cuda), when
+  ``lantern.ops.extension`` calls ``lantern._C.register_kernels()``;
 - defines ``lantern_reference::<op>`` for every op: the PyTorch reference as an opaque custom op, which is what
   torch.compile traces for the reference backend (the reference's Python has value-dependent control flow that a
   graph cannot hold); eager code calls the reference function directly;

@@ -206,6 +206,3 @@ class ValidatedTables:
 
 
 _NEIGHBOUR_TABLES = ValidatedTables()
-
-
-_NEIGHBOUR_TABLES = ValidatedTables()
