@@ -4,7 +4,7 @@ thread, barriers for __syncthreads and the warp shuffles) and compared with the 
 row (csrc/tests/verify_cuda_emulated.cpp). This checks the kernel's control flow, indexing and arithmetic
 without a GPU, once plainly and once under AddressSanitizer + UndefinedBehaviorSanitizer (no out-of-bounds
 access on valid or invalid rows); it cannot check the GPU memory model or CUDA's own exp / log1pf (see
-tests/ops/test_verify_cuda.py for the GPU tests). Needs g++ with C++20 (skipped, with the reason, without)."""
+tests/ops/test_verify.py for the GPU tests). Needs g++ with C++20 (skipped, with the reason, without)."""
 from __future__ import annotations
 
 import os
