@@ -131,7 +131,7 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     ``length`` stops after the first ``length`` tokens (default: the whole image), the same tokens as the
     full run's prefix. ``compile``: True runs the per-token forwards through torch.compile (inductor;
     CUDA graphs on a GPU), a dict passes those torch.compile options, "auto" (the default) is True where
-    torch.compile works on the device (``compiled.py``), a CompileChoice is a choice already resolved (the
+    torch.compile works on the device (``compile_choice.py``), a CompileChoice is a choice already resolved (the
     speculative loop's); the prefill stays eager. ``stats``, a dict, receives
     compile (what compile resolved to, and why), compile_s (the first call of each new graph, compile
     included) and compiled_graphs. ``image_ids`` [B] (default 0..B-1): each image's Philox row key, so an image's tokens
