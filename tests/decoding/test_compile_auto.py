@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
+from lantern.decoding import SpecConfig, compile_choice, generate, generate_ar, generate_spec
 from lantern.decoding import compiled as compiled_module
 from lantern.decoding.calibration import _mode
 from lantern.decoding.compiled import baseline_compile, resolve_compile
@@ -54,7 +54,7 @@ def test_lantern_compile_0_turns_auto_off(monkeypatch, value):
 
 def test_auto_without_a_cxx_compiler_stays_eager(compile_allowed, monkeypatch):
     monkeypatch.setenv("LANTERN_COMPILE", "1")
-    monkeypatch.setattr(compiled_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(compile_choice.shutil, "which", lambda name: None)
     choice = resolve_compile("auto", torch.device("cpu"))
     assert not choice.on and "no C++ compiler" in choice.reason
 
@@ -143,7 +143,7 @@ def test_the_ar_baseline_is_compiled_wherever_torch_compile_works(compile_allowe
     has_compiler = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
     assert baseline_compile(torch.device("cpu")) == has_compiler
     assert not resolve_compile("auto", torch.device("cpu")).on
-    monkeypatch.setattr(compiled_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(compile_choice.shutil, "which", lambda name: None)
     assert not baseline_compile(torch.device("cpu"))
     monkeypatch.undo()
     monkeypatch.setenv("LANTERN_COMPILE", "0")
