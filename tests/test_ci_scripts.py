@@ -1,5 +1,6 @@
 """The CI scripts name tests that exist: a test id in .ci/gpu_stack that no longer matches a test function would
 make pytest fail there, on CI only (the GPU-stack check does not run in a developer's `make test`)."""
+import importlib.util
 import re
 from pathlib import Path
 
@@ -32,7 +33,11 @@ def test_the_files_the_suite_starts_with_exist():
     """tests/conftest.py's LONGEST_FILES (the files make test starts first) and the Makefile's FAST_IGNORE (the
     files make test-fast leaves out) name files that exist: a renamed or split file would silently fall back to
     the usual order, or into the inner loop."""
-    from conftest import LONGEST_FILES
+    # by path: under pytest-xdist another directory's conftest module can hold the name "conftest"
+    spec = importlib.util.spec_from_file_location("lantern_tests_conftest", ROOT / "tests" / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    LONGEST_FILES = conftest.LONGEST_FILES
 
     makefile = (ROOT / "Makefile").read_text()
     ignored = re.findall(r"--ignore=(\S+)", makefile)

@@ -316,9 +316,8 @@ def compile_one_graph(fn):
 
 # the ops a speculative step calls, per backend (the reference ones while tracing: lantern_reference::)
 STEP_OPS = {
-    "cpu": {"lantern.verify", "lantern.tree_attention", "lantern.compact_kv", "lantern_reference.ancestor_mask"},
-    "reference": {"lantern_reference.verify", "lantern_reference.tree_attention", "lantern_reference.compact_kv",
-                  "lantern_reference.ancestor_mask"},
+    "cpu": {"lantern.verify", "lantern.tree_attention", "lantern.compact_kv"},
+    "reference": {"lantern_reference.verify", "lantern_reference.tree_attention", "lantern_reference.compact_kv"},
 }
 
 
@@ -360,8 +359,8 @@ def test_speculative_step_traces_as_one_graph(backend, method, plan):
     assert_same_state(eager, traced)
     called = custom_ops()
     assert STEP_OPS[backend] <= called, called
-    if plan == "dynamic":
-        assert "lantern_reference.build_tree" in called
+    if plan == "dynamic":  # a fixed-shape tree's mask is made once per run (DecodeState.tree_inputs)
+        assert {"lantern_reference.build_tree", "lantern_reference.ancestor_mask"} <= called
     # the traced step fed the drafter all of the tree's columns, eager only the longest row's: same next step
     eager.step(PLANS[plan], 4)
     traced.step(PLANS[plan], 4)
