@@ -15,13 +15,12 @@ import pytest
 import torch
 
 import lantern
+import tiny_random_models
 from lantern import _backend, ops
 from lantern.decoding import Sampling, SpecConfig
 from lantern.decoding.planner import Plan
 from lantern.decoding.proposers import new_state
 from lantern.decoding.state import DecodeState
-from lantern.models import build_gpt
-from lantern.models.drafter import EagleDrafter
 from lantern.ops import continuous_verify_op, library, philox_uniform_op, self_check, triton_backend, verify_op
 from lantern.ops.reference.tree import ancestor_mask
 
@@ -231,12 +230,7 @@ def test_fake_outputs_have_the_kernels_shapes_and_dtypes():
 
 def small_models():
     """float64: the step tests compare eager and traced steps whose drafter calls have other row counts."""
-    torch.manual_seed(0)
-    target = build_gpt("GPT-tiny", n_layer=2, n_head=2, dim=64, vocab_size=64, num_classes=5, block_size=16)
-    drafter = EagleDrafter(target.config).bind(target)
-    for p in (*target.parameters(), *drafter.parameters()):
-        torch.nn.init.normal_(p, std=0.1)
-    return target.double().eval(), drafter.double().eval()
+    return tiny_random_models.small_models(dtype=torch.float64)
 
 
 def enable(backend: str) -> None:

@@ -11,33 +11,13 @@ import torch
 
 from lantern import ops, sources
 from lantern.cli import generate as generate_cli
-from lantern.models import build_gpt
-from lantern.models.drafter import EagleDrafter
-
-
-class _StubVQ:
-    """decode_codes / to_uint8 of a VQ, enough for the CLI to write its grid."""
-
-    def decode_codes(self, tokens, h, w):
-        return torch.zeros(tokens.shape[0], 3, 4 * h, 4 * w)
-
-    def to_uint8(self, images):
-        return images.permute(0, 2, 3, 1).to(torch.uint8)  # [B, H, W, 3]
-
-
-def _small_models():
-    torch.manual_seed(0)
-    target = build_gpt("GPT-tiny", n_layer=2, n_head=2, dim=64, vocab_size=64, num_classes=5, block_size=16)
-    drafter = EagleDrafter(target.config).bind(target)
-    for p in (*target.parameters(), *drafter.parameters()):
-        torch.nn.init.normal_(p, std=0.1)
-    return target.eval(), drafter.eval()
+from tiny_random_models import StubVQ, small_models
 
 
 def _run(tmp_path, monkeypatch, *flags):
-    target, drafter = _small_models()
+    target, drafter = small_models()
     table = ops.latent_neighbours(torch.randn(64, 4, generator=torch.Generator().manual_seed(1)), 4)
-    monkeypatch.setattr(sources, "load_discrete", lambda args: (target, _StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
+    monkeypatch.setattr(sources, "load_discrete", lambda args: (target, StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
     monkeypatch.setattr(sources, "drafter_and_table", lambda args, gpt, vq: (drafter, table))
     parser = argparse.ArgumentParser()
     generate_cli.add_generate_parser(parser.add_subparsers(dest="command"))

@@ -12,8 +12,8 @@ from lantern import ops
 from lantern.decoding import SpecConfig, generate, generate_ar, generate_spec
 from lantern.decoding.compiled import BUCKETS, CompiledTarget, bucket, pad_tree_mask
 from lantern.models import build_gpt
-from lantern.models.drafter import EagleDrafter
 from lantern.ops.reference.tree import ancestor_mask
+from tiny_random_models import StubVQ, small_models
 
 AOT = {"backend": "aot_eager"}  # the padding and wrapping, without inductor's compile time
 SPEC = dict(method="lantern", k=4, delta=0.2, depth=3, n_nodes=8, top_per_node=3)
@@ -28,15 +28,6 @@ def single_thread():
     yield
     torch.set_num_threads(threads)
     lantern.disable_fused()
-
-
-def small_models(seed: int = 0):
-    torch.manual_seed(seed)
-    target = build_gpt("GPT-tiny", n_layer=2, n_head=2, dim=64, vocab_size=64, num_classes=5, block_size=16)
-    drafter = EagleDrafter(target.config).bind(target)
-    for p in (*target.parameters(), *drafter.parameters()):
-        torch.nn.init.normal_(p, std=0.1)
-    return target.eval(), drafter.eval()
 
 
 def neighbours():
@@ -176,16 +167,6 @@ def test_inductor_loops_give_the_eager_tokens():
             assert torch.equal(got, want), (method, tree, temperature)
 
 
-class _StubVQ:
-    """decode_codes / to_uint8 of a VQ, enough for the CLI to write its grid."""
-
-    def decode_codes(self, tokens, h, w):
-        return torch.zeros(tokens.shape[0], 3, 4 * h, 4 * w)
-
-    def to_uint8(self, images):
-        return images.permute(0, 2, 3, 1).to(torch.uint8)  # [B, H, W, 3]
-
-
 @pytest.mark.slow  # torch.compile: ~10 s of CPU per case
 @pytest.mark.parametrize("method", ["ar", "lantern"])
 def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, method):
@@ -199,7 +180,7 @@ def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, met
     from lantern.decoding import ar, spec
 
     target, drafter = small_models()
-    monkeypatch.setattr(sources, "load_discrete", lambda args: (target, _StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
+    monkeypatch.setattr(sources, "load_discrete", lambda args: (target, StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
     monkeypatch.setattr(sources, "drafter_and_table", lambda args, gpt, vq: (drafter, neighbours()))
     from lantern.decoding import compiled
     from lantern.decoding.compiled import CompileChoice
