@@ -9,6 +9,22 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+
+def _share_the_cores():
+    """Under pytest-xdist, each worker's torch (and every process it starts: the CLI tests, lantern sample)
+    gets its share of the cores, cores // workers threads and at least one, unless OMP_NUM_THREADS is set.
+    With torch's default (every core in every worker) the OpenMP pools of 2 workers on 2 cores spin against
+    each other: tests/test_cli.py's runs took 90-100 s each instead of 11-19 s. Tests of thread counts set
+    theirs explicitly (tests/ops/test_cpu_threads.py). Set before torch is imported: OpenMP reads it once."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
+
+
+_share_the_cores()
+
 # Without a GPU the Triton kernels run under Triton's interpreter on CPU tensors. triton reads this when a
 # kernel is defined, so it must be set before lantern.kernels is imported.
 if "TRITON_INTERPRET" not in os.environ:
