@@ -1,20 +1,45 @@
 // A tiny SIMT emulator for logic checks of lantern's CUDA kernel headers on a machine without a GPU
-// (tests/ops/test_verify_cuda_emulated.py). One OS thread per CUDA thread, blocks run one after another;
-// std::barrier stands in for __syncthreads and a per-warp barrier for the shuffles and ballots, which every
-// lane of the warp must call (as the kernels do). __shared__ becomes a function-local static (one block at a
-// time). It checks control flow, indexing and arithmetic, not the GPU memory model: its barriers order
-// everything, and a missing __syncthreads() between two phases may go unnoticed here.
+// (tests/ops/test_verify_cuda_emulated.py, test_tree_attention_cuda_emulated.py).
+// Model: one OS thread. emu::run_block(b, nt, body) runs the nt CUDA threads of block b as cooperative fibers
+// (ucontext, each on its own mmap'd stack with a guard page below it), blocks one after another. A scheduler
+// resumes the runnable fibers round-robin in thread-index order, setting the globals threadIdx / blockIdx before
+// each switch; a fiber runs until it waits at a barrier or returns. Barriers are real: __syncthreads waits for
+// all nt threads of the block, the shuffles, ballots and __syncwarp for the 32 lanes of the warp (every lane must
+// call them, as the kernels do; the masks are ignored); the last arrival releases the others and runs on. When
+// no fiber can run and some have not returned (a barrier that some threads never reach, or reach a different
+// one), it prints which threads wait where and aborts instead of hanging. __shared__ becomes a function-local
+// static (one block at a time). Under AddressSanitizer every switch is announced to it
+// (__sanitizer_start/finish_switch_fiber), so it follows the fibers' stacks.
+// It checks control flow, indexing and arithmetic, not the GPU memory model: the fibers never run at the same
+// time and each runs to its next barrier in thread-index order, so a missing __syncthreads() shows only when a
+// thread reads what a higher-numbered thread writes in the same phase; data races, warp-synchronous code without
+// __syncwarp, shuffle masks, shared-memory limits and CUDA's own math functions go unchecked.
 // Include it before any lantern/cuda header, with this directory first on the include path (it provides
-// host stand-ins for <cuda_fp16.h> / <cuda_bf16.h>). C++20.
+// host stand-ins for <cuda_fp16.h> / <cuda_bf16.h>). C++20, Linux (ucontext, mmap).
 #pragma once
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#ifdef EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
 #define __device__
 #define __global__
 #define __host__
@@ -25,36 +50,215 @@
 struct EmuDim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local EmuDim3 threadIdx, blockIdx;
+inline EmuDim3 threadIdx, blockIdx;  // the running fiber's: set by the scheduler before each switch
 namespace emu {
-inline std::unique_ptr<std::barrier<>> block_bar;
-inline std::vector<std::unique_ptr<std::barrier<>>> warp_bar;
-inline uint64_t wbuf[32][32];
-inline std::atomic<int> or_acc{0};
-inline void warp_sync() { warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
+// The deepest fiber stack measured was under 6 KiB (ASan + UBSan, -O1; 1.6 KiB plain): ample room.
+constexpr size_t kStackBytes = size_t{256} << 10;
+constexpr int kMaxThreads = 1024;
+[[noreturn]] inline void die(const char* what) {
+  std::fprintf(stderr, "simt_emu: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+[[noreturn]] inline void die_errno(const char* call) {
+  std::perror(call);
+  die("a fiber call failed");
+}
+// A fiber stack: an inaccessible guard page, then kStackBytes (the stack grows down into the guard page).
+class Stack {
+ public:
+  Stack() {
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) die_errno("sysconf(_SC_PAGESIZE)");
+    guard_ = static_cast<size_t>(page);
+    void* p = mmap(nullptr, guard_ + kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) die_errno("mmap (fiber stack)");
+    base_ = static_cast<char*>(p);
+    if (mprotect(base_, guard_, PROT_NONE) != 0) die_errno("mprotect (fiber stack guard page)");
+  }
+  Stack(const Stack&) = delete;
+  Stack& operator=(const Stack&) = delete;
+  ~Stack() { munmap(base_, guard_ + kStackBytes); }
+  char* bottom() const { return base_ + guard_; }
+
+ private:
+  char* base_ = nullptr;
+  size_t guard_ = 0;
+};
+enum class State { kRunnable, kWaiting, kDone };
+struct Barrier {
+  const char* name = "";
+  int index = 0, expected = 0, arrived = 0;
+  std::vector<int> waiters;  // thread indices, in arrival order
+  void reset(const char* n, int i, int e) {
+    name = n;
+    index = i;
+    expected = e;
+    arrived = 0;
+    waiters.clear();
+  }
+};
+struct Fiber {
+  ucontext_t ctx;  // not movable once made (glibc points into it): fibers live behind unique_ptr
+  State state = State::kDone;
+  const Barrier* waiting_at = nullptr;
+};
+struct Scheduler {
+  ucontext_t main_ctx;
+  std::vector<std::unique_ptr<Stack>> stacks;  // kept across blocks
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  int nt = 0, current = -1, finished = 0;
+  void (*call)(void*) = nullptr;  // the block's body, type-erased
+  void* body = nullptr;
+  Barrier block_bar;
+  Barrier warp_bar[kMaxThreads / 32];
+  const void* main_stack_bottom = nullptr;  // the OS thread's stack, for ASan
+  size_t main_stack_size = 0;
+};
+inline Scheduler sched;
+inline uint64_t wbuf[kMaxThreads / 32][32];
+inline int or_acc = 0;
+
+// Fiber -> scheduler, until the scheduler resumes this fiber.
+inline void yield_to_scheduler() {
+#ifdef EMU_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, sched.main_stack_bottom, sched.main_stack_size);
+#endif
+  if (swapcontext(&sched.fibers[sched.current]->ctx, &sched.main_ctx) != 0) die_errno("swapcontext (to scheduler)");
+#ifdef EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, &sched.main_stack_bottom, &sched.main_stack_size);
+#endif
+}
+inline void fiber_main() {
+#ifdef EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &sched.main_stack_bottom, &sched.main_stack_size);
+#endif
+  // ASan's swapcontext clears the shadow of the whole stack it switches to when the context names one. Once,
+  // on this first entry (a reused stack starts clean), is what it needs; at every later switch it would cost
+  // the run most of its time and forget the redzones of this fiber's live frames. No libc call reads
+  // uc_stack after makecontext.
+  sched.fibers[sched.current]->ctx.uc_stack.ss_size = 0;
+  sched.call(sched.body);
+  sched.fibers[sched.current]->state = State::kDone;
+  ++sched.finished;
+#ifdef EMU_ASAN
+  __sanitizer_start_switch_fiber(nullptr, sched.main_stack_bottom, sched.main_stack_size);  // this stack ends
+#endif
+  setcontext(&sched.main_ctx);
+  die_errno("setcontext (fiber exit)");
+}
+// Scheduler -> fiber t, until it waits or returns.
+inline void resume(int t) {
+  threadIdx = EmuDim3{static_cast<unsigned>(t), 0, 0};
+  sched.current = t;
+#ifdef EMU_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, sched.stacks[t]->bottom(), kStackBytes);
+#endif
+  if (swapcontext(&sched.main_ctx, &sched.fibers[t]->ctx) != 0) die_errno("swapcontext (to fiber)");
+#ifdef EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+  sched.current = -1;
+}
+inline void arrive_and_wait(Barrier& bar) {
+  if (sched.current < 0) die("a barrier was called outside emu::run_block");
+  if (++bar.arrived == bar.expected) {  // the last arrival releases the others and runs on
+    for (int w : bar.waiters) sched.fibers[w]->state = State::kRunnable;
+    bar.waiters.clear();
+    bar.arrived = 0;
+    return;
+  }
+  Fiber& self = *sched.fibers[sched.current];
+  bar.waiters.push_back(sched.current);
+  self.state = State::kWaiting;
+  self.waiting_at = &bar;
+  yield_to_scheduler();
+  self.waiting_at = nullptr;
+}
+// Prints the threads of `who` (in increasing order) as ranges: "0-31 40 64-95".
+inline void print_threads(std::vector<int> who) {
+  std::sort(who.begin(), who.end());
+  for (size_t i = 0; i < who.size();) {
+    size_t j = i;
+    while (j + 1 < who.size() && who[j + 1] == who[j] + 1) ++j;
+    if (j == i)
+      std::fprintf(stderr, " %d", who[i]);
+    else
+      std::fprintf(stderr, " %d-%d", who[i], who[j]);
+    i = j + 1;
+  }
+}
+[[noreturn]] inline void report_deadlock() {
+  std::fprintf(stderr,
+               "simt_emu: deadlock in block %u: no thread can run, %d of %d returned (a barrier that some threads "
+               "never reach)\n",
+               blockIdx.x, sched.finished, sched.nt);
+  const auto report = [](const Barrier& bar) {
+    if (bar.waiters.empty()) return;
+    std::fprintf(stderr, "  %d of %d threads wait at %s %d:", bar.arrived, bar.expected, bar.name, bar.index);
+    print_threads(bar.waiters);
+    std::fprintf(stderr, "\n");
+  };
+  report(sched.block_bar);
+  for (int w = 0; w < sched.nt / 32; ++w) report(sched.warp_bar[w]);
+  std::vector<int> done;
+  for (int t = 0; t < sched.nt; ++t)
+    if (sched.fibers[t]->state == State::kDone) done.push_back(t);
+  if (!done.empty()) {
+    std::fprintf(stderr, "  returned:");
+    print_threads(done);
+    std::fprintf(stderr, "\n");
+  }
+  die("deadlock");
+}
+inline void run_block_erased(unsigned b, int nt, void (*call)(void*), void* body) {
+  if (nt <= 0 || nt % 32 != 0 || nt > kMaxThreads) die("run_block: nt must be a multiple of 32 in [32, 1024]");
+  if (sched.current >= 0) die("run_block called from inside a block");
+  blockIdx = EmuDim3{b, 0, 0};
+  sched.nt = nt;
+  sched.finished = 0;
+  sched.call = call;
+  sched.body = body;
+  sched.block_bar.reset("the block barrier (__syncthreads) of block", static_cast<int>(b), nt);
+  for (int w = 0; w < nt / 32; ++w) sched.warp_bar[w].reset("the barrier (shuffle, ballot, __syncwarp) of warp", w, 32);
+  while (static_cast<int>(sched.stacks.size()) < nt) sched.stacks.push_back(std::make_unique<Stack>());
+  while (static_cast<int>(sched.fibers.size()) < nt) sched.fibers.push_back(std::make_unique<Fiber>());
+  for (int t = 0; t < nt; ++t) {
+    Fiber& f = *sched.fibers[t];
+    if (getcontext(&f.ctx) != 0) die_errno("getcontext");
+    f.ctx.uc_stack.ss_sp = sched.stacks[t]->bottom();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;  // fiber_main never returns: it switches back itself
+    makecontext(&f.ctx, fiber_main, 0);
+    f.state = State::kRunnable;
+    f.waiting_at = nullptr;
+  }
+  while (sched.finished < nt) {
+    bool ran = false;
+    for (int t = 0; t < nt; ++t)
+      if (sched.fibers[t]->state == State::kRunnable) {
+        resume(t);
+        ran = true;
+      }
+    if (!ran) report_deadlock();
+  }
+}
 template <class F>
 void run_block(unsigned b, int nt, F body) {
-  block_bar = std::make_unique<std::barrier<>>(nt);
-  warp_bar.clear();
-  for (int w = 0; w < nt / 32; ++w) warp_bar.push_back(std::make_unique<std::barrier<>>(32));
-  std::vector<std::thread> th;
-  for (int t = 0; t < nt; ++t)
-    th.emplace_back([=] {
-      threadIdx.x = t;
-      blockIdx.x = b;
-      body();
-    });
-  for (auto& x : th) x.join();
+  run_block_erased(b, nt, [](void* f) { (*static_cast<F*>(f))(); }, &body);
 }
+inline void warp_sync() { arrive_and_wait(sched.warp_bar[threadIdx.x >> 5]); }
 }  // namespace emu
-inline void __syncthreads() { emu::block_bar->arrive_and_wait(); }
+inline void __syncthreads() { emu::arrive_and_wait(emu::sched.block_bar); }
 inline int __syncthreads_or(int p) {
   __syncthreads();
-  if (p) emu::or_acc.store(1);
+  if (p) emu::or_acc = 1;
   __syncthreads();
-  const int r = emu::or_acc.load();
+  const int r = emu::or_acc;
   __syncthreads();
-  if (threadIdx.x == 0) emu::or_acc.store(0);
+  if (threadIdx.x == 0) emu::or_acc = 0;
   __syncthreads();
   return r;
 }
