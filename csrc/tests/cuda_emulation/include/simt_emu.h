@@ -38,6 +38,7 @@
 #endif
 #endif
 #ifdef EMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 #define __device__
@@ -114,53 +115,67 @@ struct Scheduler {
   Barrier warp_bar[kMaxThreads / 32];
   const void* main_stack_bottom = nullptr;  // the OS thread's stack, for ASan
   size_t main_stack_size = 0;
+  int switched_from = -1;  // the fiber (-1: the scheduler) the last switch left
 };
 inline Scheduler sched;
 inline uint64_t wbuf[kMaxThreads / 32][32];
 inline int or_acc = 0;
 
-// Fiber -> scheduler, until the scheduler resumes this fiber.
-inline void yield_to_scheduler() {
+inline ucontext_t* context_of(int t) { return t < 0 ? &sched.main_ctx : &sched.fibers[t]->ctx; }
+// The first runnable fiber after `from` in thread-index order, wrapping around (from -1: from thread 0); -1 (the
+// scheduler) when none can run. A fiber switches to the next one directly: one swapcontext per switch.
+inline int next_runnable(int from) {
+  for (int i = 1; i <= sched.nt; ++i) {
+    const int t = (from + i) % sched.nt;
+    if (sched.fibers[t]->state == State::kRunnable) return t;
+  }
+  return -1;
+}
+// Leaves the running fiber `from` (-1: the scheduler) for `to` (-1: the scheduler). Returns when `from` is
+// resumed; never when `from` has returned (its stack is then left for good).
+inline void switch_to(int from, int to) {
+  const bool from_returned = from >= 0 && sched.fibers[from]->state == State::kDone;
+  sched.current = to;
+  if (to >= 0) threadIdx = EmuDim3{static_cast<unsigned>(to), 0, 0};
 #ifdef EMU_ASAN
   void* fake_stack = nullptr;
-  __sanitizer_start_switch_fiber(&fake_stack, sched.main_stack_bottom, sched.main_stack_size);
+  if (to < 0)
+    __sanitizer_start_switch_fiber(from_returned ? nullptr : &fake_stack, sched.main_stack_bottom,
+                                   sched.main_stack_size);
+  else
+    __sanitizer_start_switch_fiber(from_returned ? nullptr : &fake_stack, sched.stacks[to]->bottom(), kStackBytes);
 #endif
-  if (swapcontext(&sched.fibers[sched.current]->ctx, &sched.main_ctx) != 0) die_errno("swapcontext (to scheduler)");
+  sched.switched_from = from;
+  if (from_returned) {
+    setcontext(context_of(to));
+    die_errno("setcontext");
+  }
+  if (swapcontext(context_of(from), context_of(to)) != 0) die_errno("swapcontext");
 #ifdef EMU_ASAN
-  __sanitizer_finish_switch_fiber(fake_stack, &sched.main_stack_bottom, &sched.main_stack_size);
+  const void* came_from_bottom = nullptr;
+  size_t came_from_size = 0;
+  __sanitizer_finish_switch_fiber(fake_stack, &came_from_bottom, &came_from_size);
+  if (sched.switched_from < 0) {
+    sched.main_stack_bottom = came_from_bottom;
+    sched.main_stack_size = came_from_size;
+  }
 #endif
 }
 inline void fiber_main() {
 #ifdef EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &sched.main_stack_bottom, &sched.main_stack_size);
+  const void* came_from_bottom = nullptr;
+  size_t came_from_size = 0;
+  __sanitizer_finish_switch_fiber(nullptr, &came_from_bottom, &came_from_size);
+  if (sched.switched_from < 0) {  // the first fiber ever entered comes from the scheduler: its stack is known
+    sched.main_stack_bottom = came_from_bottom;
+    sched.main_stack_size = came_from_size;
+  }
 #endif
-  // ASan's swapcontext clears the shadow of the whole stack it switches to when the context names one. Once,
-  // on this first entry (a reused stack starts clean), is what it needs; at every later switch it would cost
-  // the run most of its time and forget the redzones of this fiber's live frames. No libc call reads
-  // uc_stack after makecontext.
-  sched.fibers[sched.current]->ctx.uc_stack.ss_size = 0;
   sched.call(sched.body);
-  sched.fibers[sched.current]->state = State::kDone;
+  const int self = sched.current;
+  sched.fibers[self]->state = State::kDone;
   ++sched.finished;
-#ifdef EMU_ASAN
-  __sanitizer_start_switch_fiber(nullptr, sched.main_stack_bottom, sched.main_stack_size);  // this stack ends
-#endif
-  setcontext(&sched.main_ctx);
-  die_errno("setcontext (fiber exit)");
-}
-// Scheduler -> fiber t, until it waits or returns.
-inline void resume(int t) {
-  threadIdx = EmuDim3{static_cast<unsigned>(t), 0, 0};
-  sched.current = t;
-#ifdef EMU_ASAN
-  void* fake_stack = nullptr;
-  __sanitizer_start_switch_fiber(&fake_stack, sched.stacks[t]->bottom(), kStackBytes);
-#endif
-  if (swapcontext(&sched.main_ctx, &sched.fibers[t]->ctx) != 0) die_errno("swapcontext (to fiber)");
-#ifdef EMU_ASAN
-  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
-#endif
-  sched.current = -1;
+  switch_to(self, next_runnable(self));
 }
 inline void arrive_and_wait(Barrier& bar) {
   if (sched.current < 0) die("a barrier was called outside emu::run_block");
@@ -170,12 +185,13 @@ inline void arrive_and_wait(Barrier& bar) {
     bar.arrived = 0;
     return;
   }
-  Fiber& self = *sched.fibers[sched.current];
-  bar.waiters.push_back(sched.current);
-  self.state = State::kWaiting;
-  self.waiting_at = &bar;
-  yield_to_scheduler();
-  self.waiting_at = nullptr;
+  const int self = sched.current;
+  Fiber& f = *sched.fibers[self];
+  bar.waiters.push_back(self);
+  f.state = State::kWaiting;
+  f.waiting_at = &bar;
+  switch_to(self, next_runnable(self));
+  f.waiting_at = nullptr;
 }
 // Prints the threads of `who` (in increasing order) as ranges: "0-31 40 64-95".
 inline void print_threads(std::vector<int> who) {
@@ -230,19 +246,22 @@ inline void run_block_erased(unsigned b, int nt, void (*call)(void*), void* body
     if (getcontext(&f.ctx) != 0) die_errno("getcontext");
     f.ctx.uc_stack.ss_sp = sched.stacks[t]->bottom();
     f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;  // fiber_main never returns: it switches back itself
+    f.ctx.uc_link = nullptr;  // fiber_main never returns: it switches away itself
     makecontext(&f.ctx, fiber_main, 0);
+#ifdef EMU_ASAN
+    // ASan's swapcontext clears the shadow of the whole stack a context names at every switch into it: most of
+    // the run's time, and the redzones of the fiber's live frames lost. Clear it once per block here instead
+    // (the stack is reused) and name no stack (only makecontext reads uc_stack).
+    __asan_unpoison_memory_region(sched.stacks[t]->bottom(), kStackBytes);
+    f.ctx.uc_stack.ss_size = 0;
+#endif
     f.state = State::kRunnable;
     f.waiting_at = nullptr;
   }
-  while (sched.finished < nt) {
-    bool ran = false;
-    for (int t = 0; t < nt; ++t)
-      if (sched.fibers[t]->state == State::kRunnable) {
-        resume(t);
-        ran = true;
-      }
-    if (!ran) report_deadlock();
+  while (sched.finished < nt) {  // the fibers run until none can; then they come back here
+    const int t = next_runnable(-1);
+    if (t < 0) report_deadlock();
+    switch_to(-1, t);
   }
 }
 template <class F>
