@@ -118,7 +118,8 @@ struct Scheduler {
   int switched_from = -1;  // the fiber (-1: the scheduler) the last switch left
 };
 inline Scheduler sched;
-inline uint64_t wbuf[kMaxThreads / 32][32];
+inline uint64_t wbuf[2][kMaxThreads / 32][32];  // the lanes' words of a warp exchange: see warp_exchange
+inline unsigned char next_wbuf[kMaxThreads];    // per thread: the wbuf of its warp's next exchange
 inline int or_acc = 0;
 
 inline ucontext_t* context_of(int t) { return t < 0 ? &sched.main_ctx : &sched.fibers[t]->ctx; }
@@ -238,6 +239,7 @@ inline void run_block_erased(unsigned b, int nt, void (*call)(void*), void* body
   sched.call = call;
   sched.body = body;
   sched.block_bar.reset("the block barrier (__syncthreads) of block", static_cast<int>(b), nt);
+  std::memset(next_wbuf, 0, sizeof next_wbuf);
   for (int w = 0; w < nt / 32; ++w) sched.warp_bar[w].reset("the barrier (shuffle, ballot, __syncwarp) of warp", w, 32);
   while (static_cast<int>(sched.stacks.size()) < nt) sched.stacks.push_back(std::make_unique<Stack>());
   while (static_cast<int>(sched.fibers.size()) < nt) sched.fibers.push_back(std::make_unique<Fiber>());
@@ -269,6 +271,18 @@ void run_block(unsigned b, int nt, F body) {
   run_block_erased(b, nt, [](void* f) { (*static_cast<F*>(f))(); }, &body);
 }
 inline void warp_sync() { arrive_and_wait(sched.warp_bar[threadIdx.x >> 5]); }
+// Lane threadIdx.x % 32 offers `word`; returns its warp's 32 words once every lane has offered one (shuffles,
+// ballots). Each warp uses the two buffers alternately, so one barrier suffices: a lane that has read this
+// exchange's buffer may fill the other while the rest still read this one, and cannot fill this one again
+// before every lane has arrived at the next exchange, that is, has finished reading it.
+inline const uint64_t* warp_exchange(uint64_t word) {
+  const unsigned t = threadIdx.x;
+  uint64_t* buf = wbuf[next_wbuf[t]][t >> 5];
+  next_wbuf[t] ^= 1;
+  buf[t & 31] = word;
+  warp_sync();
+  return buf;
+}
 }  // namespace emu
 inline void __syncthreads() { emu::arrive_and_wait(emu::sched.block_bar); }
 inline int __syncthreads_or(int p) {
@@ -284,14 +298,11 @@ inline int __syncthreads_or(int p) {
 template <class T>
 T emu_exchange(T v, int src, bool valid) {
   static_assert(sizeof(T) <= 8);
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  emu::wbuf[w][lane] = bits;
-  emu::warp_sync();
+  const uint64_t* lanes = emu::warp_exchange(bits);
   T out = v;
-  if (valid) std::memcpy(&out, &emu::wbuf[w][src], sizeof(T));
-  emu::warp_sync();
+  if (valid) std::memcpy(&out, &lanes[src], sizeof(T));
   return out;
 }
 template <class T>
@@ -306,15 +317,12 @@ T __shfl_up_sync(unsigned, T v, unsigned d) {
 }
 template <class T>
 T __shfl_sync(unsigned, T v, int src) {
-  return emu_exchange(v, src, true);
+  return emu_exchange(v, src & 31, true);  // CUDA reads lane src modulo the width
 }
 inline unsigned __ballot_sync(unsigned, int p) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  emu::wbuf[w][lane] = p ? 1 : 0;
-  emu::warp_sync();
+  const uint64_t* lanes = emu::warp_exchange(p ? 1 : 0);
   unsigned r = 0;
-  for (int i = 0; i < 32; ++i) r |= (emu::wbuf[w][i] ? 1u : 0u) << i;
-  emu::warp_sync();
+  for (int i = 0; i < 32; ++i) r |= (lanes[i] ? 1u : 0u) << i;
   return r;
 }
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
