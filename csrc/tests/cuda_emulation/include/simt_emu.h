@@ -1,19 +1,21 @@
 // A tiny SIMT emulator for logic checks of lantern's CUDA kernel headers on a machine without a GPU
 // (tests/ops/test_verify_cuda_emulated.py, test_tree_attention_cuda_emulated.py).
 // Model: one OS thread. emu::run_block(b, nt, body) runs the nt CUDA threads of block b as cooperative fibers
-// (ucontext, each on its own mmap'd stack with a guard page below it), blocks one after another. A scheduler
-// resumes the runnable fibers round-robin in thread-index order, setting the globals threadIdx / blockIdx before
-// each switch; a fiber runs until it waits at a barrier or returns. Barriers are real: __syncthreads waits for
-// all nt threads of the block, the shuffles, ballots and __syncwarp for the 32 lanes of the warp (every lane must
-// call them, as the kernels do; the masks are ignored); the last arrival releases the others and runs on. When
-// no fiber can run and some have not returned (a barrier that some threads never reach, or reach a different
-// one), it prints which threads wait where and aborts instead of hanging. __shared__ becomes a function-local
-// static (one block at a time). Under AddressSanitizer every switch is announced to it
-// (__sanitizer_start/finish_switch_fiber), so it follows the fibers' stacks.
+// (ucontext, each on its own mmap'd stack with a guard page below it), blocks one after another. The fibers run
+// round-robin in thread-index order: one runs until it waits at a barrier or returns, then switches straight to
+// the next runnable one, setting the globals threadIdx / blockIdx first (only .x is used). Barriers are real:
+// __syncthreads waits for all nt threads of the block; the shuffles, ballots and __syncwarp wait for the 32
+// lanes of the warp (every lane must call them, as the kernels do; the masks are ignored). The last arrival
+// releases the others and runs on. When no fiber can run and some have not returned (a barrier that some
+// threads never reach, or reach at a different place), it prints which threads wait where and aborts instead
+// of hanging. __shared__ becomes a function-local static (one block at a time). Under AddressSanitizer every
+// switch is announced to it (__sanitizer_start/finish_switch_fiber), so it follows the fibers' stacks and
+// keeps the redzones of their live frames (it warns once that it does not fully support swapcontext).
 // It checks control flow, indexing and arithmetic, not the GPU memory model: the fibers never run at the same
-// time and each runs to its next barrier in thread-index order, so a missing __syncthreads() shows only when a
-// thread reads what a higher-numbered thread writes in the same phase; data races, warp-synchronous code without
-// __syncwarp, shuffle masks, shared-memory limits and CUDA's own math functions go unchecked.
+// time and each runs to its next barrier in thread-index order, so a missing __syncthreads() shows only where
+// a thread reads what a higher-numbered thread writes in the same phase. Data races, warp-synchronous code
+// without __syncwarp, shuffle masks, shared-memory and register limits and CUDA's own math functions go
+// unchecked.
 // Include it before any lantern/cuda header, with this directory first on the include path (it provides
 // host stand-ins for <cuda_fp16.h> / <cuda_bf16.h>). C++20, Linux (ucontext, mmap).
 #pragma once
@@ -102,7 +104,6 @@ struct Barrier {
 struct Fiber {
   ucontext_t ctx;  // not movable once made (glibc points into it): fibers live behind unique_ptr
   State state = State::kDone;
-  const Barrier* waiting_at = nullptr;
 };
 struct Scheduler {
   ucontext_t main_ctx;
@@ -132,6 +133,19 @@ inline int next_runnable(int from) {
   }
   return -1;
 }
+#ifdef EMU_ASAN
+// Tells ASan a switch has landed; it names the stack left, which is the OS thread's when the switch came from the
+// scheduler (the first switch of all does), needed to switch back there.
+inline void finish_switch_for_asan(void* fake_stack) {
+  const void* left_bottom = nullptr;
+  size_t left_size = 0;
+  __sanitizer_finish_switch_fiber(fake_stack, &left_bottom, &left_size);
+  if (sched.switched_from < 0) {
+    sched.main_stack_bottom = left_bottom;
+    sched.main_stack_size = left_size;
+  }
+}
+#endif
 // Leaves the running fiber `from` (-1: the scheduler) for `to` (-1: the scheduler). Returns when `from` is
 // resumed; never when `from` has returned (its stack is then left for good).
 inline void switch_to(int from, int to) {
@@ -153,24 +167,12 @@ inline void switch_to(int from, int to) {
   }
   if (swapcontext(context_of(from), context_of(to)) != 0) die_errno("swapcontext");
 #ifdef EMU_ASAN
-  const void* came_from_bottom = nullptr;
-  size_t came_from_size = 0;
-  __sanitizer_finish_switch_fiber(fake_stack, &came_from_bottom, &came_from_size);
-  if (sched.switched_from < 0) {
-    sched.main_stack_bottom = came_from_bottom;
-    sched.main_stack_size = came_from_size;
-  }
+  finish_switch_for_asan(fake_stack);
 #endif
 }
 inline void fiber_main() {
 #ifdef EMU_ASAN
-  const void* came_from_bottom = nullptr;
-  size_t came_from_size = 0;
-  __sanitizer_finish_switch_fiber(nullptr, &came_from_bottom, &came_from_size);
-  if (sched.switched_from < 0) {  // the first fiber ever entered comes from the scheduler: its stack is known
-    sched.main_stack_bottom = came_from_bottom;
-    sched.main_stack_size = came_from_size;
-  }
+  finish_switch_for_asan(nullptr);  // a new fiber: no fake stack of its own yet
 #endif
   sched.call(sched.body);
   const int self = sched.current;
@@ -187,12 +189,9 @@ inline void arrive_and_wait(Barrier& bar) {
     return;
   }
   const int self = sched.current;
-  Fiber& f = *sched.fibers[self];
   bar.waiters.push_back(self);
-  f.state = State::kWaiting;
-  f.waiting_at = &bar;
+  sched.fibers[self]->state = State::kWaiting;
   switch_to(self, next_runnable(self));
-  f.waiting_at = nullptr;
 }
 // Prints the threads of `who` (in increasing order) as ranges: "0-31 40 64-95".
 inline void print_threads(std::vector<int> who) {
@@ -251,14 +250,14 @@ inline void run_block_erased(unsigned b, int nt, void (*call)(void*), void* body
     f.ctx.uc_link = nullptr;  // fiber_main never returns: it switches away itself
     makecontext(&f.ctx, fiber_main, 0);
 #ifdef EMU_ASAN
-    // ASan's swapcontext clears the shadow of the whole stack a context names at every switch into it: most of
-    // the run's time, and the redzones of the fiber's live frames lost. Clear it once per block here instead
-    // (the stack is reused) and name no stack (only makecontext reads uc_stack).
+    // ASan's swapcontext clears the shadow of the whole stack a context names at every switch into it: that took
+    // most of the run's time and forgot the redzones of the fiber's live frames (an overflow of a local array
+    // went unreported). So the stack is cleared once per block here (it is reused) and the context names none
+    // (only makecontext reads uc_stack).
     __asan_unpoison_memory_region(sched.stacks[t]->bottom(), kStackBytes);
     f.ctx.uc_stack.ss_size = 0;
 #endif
     f.state = State::kRunnable;
-    f.waiting_at = nullptr;
   }
   while (sched.finished < nt) {  // the fibers run until none can; then they come back here
     const int t = next_runnable(-1);
