@@ -12,7 +12,7 @@
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.lantern-installed
-CSRC   := $(shell find csrc -type f 2>/dev/null)
+CSRC   := $(shell find csrc -type f -not -path 'csrc/tests/*' 2>/dev/null)
 
 .PHONY: install test test-fast lint demo bench gpu-check clean distclean
 
@@ -42,10 +42,11 @@ PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-l
 test: install
 	$(PYTEST)
 
-# the inner loop (README, "Contributing"): the tests not marked slow (the triton backend's are, under its
-# interpreter: tests/conftest.py), less the files that start processes or compilers (the CLI, lantern sample
-# under torchrun, make gpu-check, the sanitizer and emulator builds, the sm_90 Triton compiles) and the
-# statistical files that draw 10^5 samples per assertion; make test runs them all
+# the inner loop (README, "Contributing"; about 2 minutes here): the tests not marked slow -- a test is marked
+# slow where it compiles (torch.compile, a build), runs Triton's interpreter (the triton backend's tests:
+# tests/conftest.py), draws a statistical sample, starts processes or takes over ~2 s of CPU --, less the files
+# that start processes or compilers (the CLI, lantern sample under torchrun, make gpu-check, the sanitizer and
+# emulator builds, the sm_90 Triton compiles) and the statistical files; make test runs them all
 FAST_IGNORE := --ignore=tests/test_sampling.py --ignore=tests/test_cli.py --ignore=tests/test_cli_mar.py \
 	--ignore=tests/hf/test_hf_cli.py --ignore=tests/test_gpu_check.py --ignore=tests/test_fuzz.py \
 	--ignore-glob='*test_sanitizers.py' --ignore-glob='*_cuda_emulated.py' --ignore-glob='*triton_compile.py' \

@@ -109,6 +109,7 @@ TRITON_SCHEMA_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_triton_ops_on_a_gpu_have_the_declared_schemas():
     """Imported as on a GPU (no interpreter: each op a triton_op; in a subprocess, no GPU needed), every
@@ -198,6 +199,7 @@ TRITON_OP_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_triton_ops_decompose_into_their_kernels_for_inductor():
     """On a GPU (no interpreter) each lantern_triton op is a triton_op: functionalised, as AOT autograd does
@@ -334,6 +336,7 @@ def assert_same_state(a: DecodeState, b: DecodeState) -> None:
     assert torch.equal(a.proposer.drafter.cache_len, b.proposer.drafter.cache_len)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, method, plan", [
     pytest.param("cpu", "lantern", "chain", marks=needs_extension),
     pytest.param("cpu", "spec", "dynamic", marks=needs_extension),
@@ -464,6 +467,7 @@ FRESH_PROCESS_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_tracing_needs_no_eager_call_first():
     import os
     import subprocess

@@ -80,6 +80,7 @@ FIRST_ENABLE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FUSED_HERE, reason="no fused backend runs here")
 def test_two_threads_enable_fused_at_once():
     """Fresh processes (the first enable loads the backends); two threads enable a fused backend each at the
@@ -166,6 +167,7 @@ CACHE_WORKERS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_processes_writing_and_reading_the_neighbour_cache(tmp_path):
     """Three writer processes rebuild the same entry in a loop while two reader processes read it, for 2 s
     from one barrier (the issue's reproducer used four writer processes): every call succeeds, every table

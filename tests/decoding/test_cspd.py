@@ -109,6 +109,7 @@ def test_trajectory_alignment(target, drafter, align):
     assert bool(same.all()) if align else not bool(same.any())
 
 
+@pytest.mark.slow
 def test_images_do_not_depend_on_the_batch(target, drafter):
     """An image's tokens depend on its id, not on the rows beside it; a row without its image id is another
     image (negative control).

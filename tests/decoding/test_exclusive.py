@@ -51,6 +51,7 @@ def _calls(gpt, drafter):
 
 
 
+@pytest.mark.slow
 def test_concurrent_calls_on_one_model_each_get_their_own_tokens(gpt, drafter, one_thread_per_op):
     calls = _calls(gpt, drafter)
     alone = run_in_threads(calls, together=False)

@@ -50,6 +50,7 @@ def _run(models, name, labels, ids):
     return generate(target, labels, method=method, cfg_scale=2.0, seed=9, image_ids=ids, **options)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_an_image_depends_on_its_id_not_on_its_batch(models, name):
     """Ids in one batch, one by one and reordered give the same tokens per id. Negative control: keyed by row

@@ -152,6 +152,7 @@ def test_cost_model_interpolates_and_extrapolates():
 levels = st.floats(0.0, 1.0)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(dispatch=st.floats(1e-4, 0.1), per_token=st.floats(0.0, 1e-2), drafter=st.floats(0.0, 0.1),
        prior=st.floats(0.0, 0.99), rows=st.integers(1, 200), margin=st.sampled_from([0.0, 0.1, 0.5]),

@@ -165,6 +165,7 @@ def sjd_counts(model, **options) -> np.ndarray:
     return np.bincount((out[:, 0] * V * V + out[:, 1] * V + out[:, 2]).numpy(), minlength=V ** 3).astype(float)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("coupling,init", [(False, "repeat"), (True, "sample")])
 def test_delta0_sjd_reproduces_the_ar_law(small_target, coupling, init):
     """x2 is often verified as a Jacobi draft (drawn from the row of a forward that fed a rejected x1)."""
@@ -173,6 +174,7 @@ def test_delta0_sjd_reproduces_the_ar_law(small_target, coupling, init):
                 f"(x0, x1, x2) under sjd coupling={coupling} init={init}")
 
 
+@pytest.mark.slow
 def test_negative_control_wrong_residual_fails(small_target, monkeypatch):
     def broken(*args, backend=None, **kwargs):  # ops.verify's signature; the faulty reference runs whatever backend
         return reference_verify.verify(*args, **kwargs, faults=("wrong_residual",))

@@ -105,6 +105,7 @@ def test_length_stops_every_row_at_the_prefix(target):
         generate_spec(target, drafters(target)["self"], labels, config=TREES[0], length=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg_interval", [0, 4, 9])
 def test_greedy_spec_with_cfg_interval_reproduces_greedy_ar(target, cfg_interval):
     """Trees straddle the interval's end: nodes predicting tokens past it are verified unguided."""
@@ -120,6 +121,7 @@ def test_greedy_spec_with_cfg_interval_reproduces_greedy_ar(target, cfg_interval
     assert torch.equal(unguided, generate_ar(target, labels, temperature=0.0))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not lantern.fused_ops("cpu").get("verify", False), reason="lantern._C is not built")
 @torch.no_grad()
 def test_fused_loop_is_thread_invariant():

@@ -82,6 +82,7 @@ TREES = [SpecConfig(method="spec", tree="chain", depth=4),
          SpecConfig(method="spec", cost_model=SWITCHING)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_name", ["self", "small", "eagle"])
 @pytest.mark.parametrize("config", TREES, ids=lambda c: c.tree)
 def test_greedy_spec_with_masks_reproduces_greedy_ar(target, captions, drafter_name, config):
@@ -100,6 +101,7 @@ def test_the_self_drafter_sees_the_masked_caption(target, captions):
     assert all(bool((a == 4).all()) for a in stats.accept_lens[:-1])
 
 
+@pytest.mark.slow
 def test_all_ones_is_exactly_no_mask(target, captions):
     ones = torch.ones(captions.shape[0], C, dtype=torch.int64)
     sampling = dict(cfg_scale=3.0, temperature=1.0, top_k=20, seed=3)

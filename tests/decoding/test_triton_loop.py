@@ -32,6 +32,8 @@ if not triton_backend.interpreting():
     pytest.skip("the loop test runs the Triton kernels under TRITON_INTERPRET=1 on CPU tensors",
                 allow_module_level=True)
 
+pytestmark = pytest.mark.slow  # the Triton interpreter: 30-80 s per setting
+
 LENGTH = 10  # tokens generated per row (of the tiny model's 64)
 LAYERS = 2  # of the shipped target's 16
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "python" / "lantern" / "kernels"

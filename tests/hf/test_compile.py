@@ -75,6 +75,7 @@ def assert_compiled_lantern_attention_gives_eager_tokens(kind, method, backend, 
     assert model(kind).config.get_text_config()._attn_implementation == "sdpa"  # restored after the forwards
 
 
+@pytest.mark.slow
 def test_lantern_attention_traces_and_gives_the_eager_greedy_tokens():
     """wrap(attention="lantern"), dynamo's trace (Emu3's AR steps; each family under inductor in the slow test):
     the attention function switched in and out inside the graph, the fused CPU kernel an operator of every

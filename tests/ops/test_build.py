@@ -95,6 +95,7 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(comp_args[0], eager_args[0], rtol=0, atol=0)  # the in-place update survives
 
 
+@pytest.mark.slow
 def test_sdist_holds_every_source_whatever_the_build_finds(tmp_path):
     """The sdist made on a machine without CUDA (LANTERN_NO_CUDA=1, as in CI's sdist step) still holds every
     tracked C++/CUDA source and header, the nvcc wrapper and the kernels, so that any machine can build it."""
@@ -148,6 +149,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 def test_a_kernel_that_does_not_match_its_schema_raises_instead_of_aborting():
     """lantern._C registers its kernels when lantern calls register_kernels(), not from static initializers: a
     kernel whose signature differs from the schema the Python package declares (a stale build) gives a Python

@@ -134,6 +134,7 @@ def test_no_register_spills(source, binary_kernels):
 
 # ---- negative controls ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_spill_check_flags_a_forced_spill(tmp_path):
     """spill_control.cu, compiled through the build's nvcc wrapper: the spill check flags spill_kernel on both
     archs, not the kernel whose stack frame holds only a local array, nor the clean one; cuobjdump sees the

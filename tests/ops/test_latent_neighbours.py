@@ -53,6 +53,7 @@ def test_random_codebook_matches_exact_table(backend, device, V, d, K, normalize
 COMPILED = backends.params(backends.compiled())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", COMPILED, indirect=True)
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("V,d,K", [(4096, 8, 1000), (4096, 3, 64), (5000, 8, 1), (300, 8, 299)])
@@ -70,6 +71,7 @@ def test_ties_at_scale(backend, device):
     np.testing.assert_array_equal(got.numpy(), exact_table(codebook, 700, False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", COMPILED, indirect=True)
 def test_fallback_when_the_sample_misleads(backend, device):
     """Every 4th code (the sampled ones at V = 4096) sits at one point: the sampled threshold admits only
@@ -174,6 +176,7 @@ def test_larger_table_is_valid(backend, device):
     assert_neighbours_valid(codebook, 64, True, got)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(V=st.integers(2, 40), d=st.integers(1, 4), seed=st.integers(0, 2**31), data=st.data())
 def test_property_integer_codebooks_exact(V, d, seed, data):

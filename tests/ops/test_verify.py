@@ -1015,6 +1015,7 @@ def test_bad_input_raises_like_reference(backend, device):
         direct(top_p=on(torch.ones(B)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", EXTENSION, indirect=True)
 @pytest.mark.no_kernel_check("the compiled graph calls torch.ops.lantern.verify itself: no fallback to hide a kernel")
 def test_torch_compile_fullgraph(backend, device):

@@ -69,6 +69,7 @@ def test_conditional_groups_add_statistics_and_df():
     assert joint.statistic == pytest.approx(single_b.statistic, rel=1e-12)  # group a fits exactly: G = 0
 
 
+@pytest.mark.slow
 def test_homogeneity_calibration_on_simulated_pairs():
     """Two multinomial samples of one law (sizes 20000 and 30000, 40 cells, some rare), two groups: at
     alpha = 0.05 the rejection count over 1000 simulated pairs is Binomial(1000, 0.05) for a calibrated test;
