@@ -63,8 +63,6 @@ def pad_room(n: int) -> int:
     return bucket(max(n, 1)) - max(n, 1)
 
 
-
-
 class CompileStats:
     """What compiling cost: each call that compiled a graph (the compile and one run), and how many."""
 
