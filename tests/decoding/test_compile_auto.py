@@ -5,6 +5,7 @@ ones timed through the compiled forwards. (The suite runs with LANTERN_COMPILE=0
 here set the variable themselves.)"""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -14,7 +15,7 @@ import torch
 from lantern.decoding import SpecConfig, compile_choice, generate, generate_ar, generate_spec
 from lantern.decoding import compiled as compiled_module
 from lantern.decoding.calibration import _mode
-from lantern.decoding.compiled import baseline_compile, resolve_compile
+from lantern.decoding.compiled import CompileChoice, baseline_compile, resolve_compile
 from lantern.decoding.config import Sampling
 from test_compile_loop import AOT, neighbours, small_models
 
@@ -24,14 +25,16 @@ def compile_allowed(monkeypatch):
     monkeypatch.delenv("LANTERN_COMPILE", raising=False)
 
 
-def test_auto_stays_eager_on_a_cpu_unless_asked(compile_allowed, monkeypatch):
-    choice = resolve_compile("auto", torch.device("cpu"))
-    assert not choice.on and "tens of seconds" in choice.reason
+def test_auto_compiles_only_ars_loop_on_a_cpu_unless_asked(compile_allowed, monkeypatch):
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         pytest.skip("no C++ compiler here")
+    choice = resolve_compile("auto", torch.device("cpu"))
+    assert choice.on and choice.ar_only and not choice.speculative_on and choice.options == {}
+    assert choice.reason.startswith("on, AR's loop only (auto: ") and "tens of seconds" in choice.reason
     monkeypatch.setenv("LANTERN_COMPILE", "1")
     choice = resolve_compile("auto", torch.device("cpu"))
-    assert choice.on and choice.options == {} and choice.reason == "on (auto)"
+    assert choice.speculative_on and not choice.ar_only and choice.options == {} and choice.reason == "on (auto)"
+    assert resolve_compile(True, torch.device("cpu")).speculative_on  # an explicit True compiles every forward
 
 
 def test_auto_compiles_on_a_gpu_with_triton(compile_allowed, monkeypatch):
@@ -39,7 +42,7 @@ def test_auto_compiles_on_a_gpu_with_triton(compile_allowed, monkeypatch):
 
     monkeypatch.setattr(triton_utils, "has_triton", lambda: True)
     choice = resolve_compile("auto", torch.device("cuda"))
-    assert choice.on and choice.options == {"mode": "reduce-overhead"}
+    assert choice.speculative_on and choice.options == {"mode": "reduce-overhead"}
     monkeypatch.setattr(triton_utils, "has_triton", lambda: False)
     assert "Triton" in resolve_compile("auto", torch.device("cuda")).reason
 
@@ -66,7 +69,7 @@ def test_auto_on_a_device_inductor_does_not_serve_stays_eager(compile_allowed):
 
 def test_explicit_choices():
     cpu = torch.device("cpu")
-    assert resolve_compile(False, cpu) == (None, "off (compile=False)")
+    assert resolve_compile(False, cpu) == CompileChoice(None, "off (compile=False)")
     assert resolve_compile(True, cpu).options == {}
     assert resolve_compile(True, torch.device("cuda")).options == {"mode": "reduce-overhead"}
     assert resolve_compile(dict(AOT), cpu).options == AOT
@@ -110,10 +113,11 @@ def test_the_stats_say_what_auto_resolved_to(monkeypatch):
 def test_compiled_and_eager_costs_are_different_cache_entries():
     config, sampling = SpecConfig(method="spec"), Sampling(1.0, 1.0, 0, 1.0, 0, -1)
     plans = config.candidates()
-    eager = _mode(config, sampling, 16, plans, False, None)
-    assert _mode(config, sampling, 16, plans, False, {}) != eager  # inductor
-    assert _mode(config, sampling, 16, plans, False, {"mode": "reduce-overhead"}) != _mode(
-        config, sampling, 16, plans, False, {})
+    modes = [_mode(config, sampling, 16, plans, False, choice) for choice in (
+        None, CompileChoice(None, "off"), CompileChoice({}, "inductor"),
+        CompileChoice({"mode": "reduce-overhead"}, "cuda"), CompileChoice({}, "AR's loop only", ar_only=True))]
+    assert modes[0] == modes[1]  # eager, however it came about
+    assert len({repr(m) for m in modes[1:]}) == 4
 
 
 @pytest.mark.slow  # torch.compile: 10-40 s of CPU
@@ -142,9 +146,72 @@ def test_the_ar_baseline_is_compiled_wherever_torch_compile_works(compile_allowe
     decides for the run; LANTERN_COMPILE=0 keeps everything eager."""
     has_compiler = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
     assert baseline_compile(torch.device("cpu")) == has_compiler
-    assert not resolve_compile("auto", torch.device("cpu")).on
+    assert resolve_compile("auto", torch.device("cpu")).on == has_compiler
+    assert not resolve_compile("auto", torch.device("cpu")).speculative_on
     monkeypatch.setattr(compile_choice.shutil, "which", lambda name: None)
     assert not baseline_compile(torch.device("cpu"))
     monkeypatch.undo()
     monkeypatch.setenv("LANTERN_COMPILE", "0")
     assert not baseline_compile(torch.device("cpu"))
+
+
+def _ar_only_compiled(monkeypatch) -> CompileChoice:
+    """compile="auto" as on a CPU: AR's loop compiled, the speculative forwards eager (aot_eager: dynamo
+    without inductor's compile time)."""
+    from lantern.decoding import ar, calibration, spec
+
+    choice = CompileChoice(dict(AOT), "on, AR's loop only (test)", ar_only=True)
+    for module in (ar, calibration, spec):
+        monkeypatch.setattr(module, "resolve_compile", lambda compile, device: choice)
+    return choice
+
+
+@pytest.mark.slow  # torch.compile (aot_eager): a few seconds of CPU
+@pytest.mark.parametrize("compiled_ar_s", [1e-4, 10.0])
+@torch.no_grad()
+def test_with_ars_loop_compiled_the_run_is_compiled_ar_where_its_step_beats_the_eager_plans(monkeypatch,
+                                                                                         compiled_ar_s):
+    """The cost model says a chain of 2 beats an eager AR step; the compiled AR step then decides: much faster
+    (1e-4 s) -> the whole run is generate_ar's compiled loop (its tokens, every step AR, the eager plan the
+    runner-up); much slower (10 s, the negative control) -> the speculative run, its forwards eager."""
+    from lantern.decoding import CostModel, Plan
+    from lantern.decoding.calibration import COMPILED_AR
+
+    target, drafter = small_models()
+    choice = _ar_only_compiled(monkeypatch)
+    labels = torch.tensor([0, 1])  # 4 rows with guidance
+    plans = [Plan("ar", "ar"), Plan("chain2", "chain", depth=2)]
+    cost = CostModel({"ar": {4: 1.0}, "chain2": {4: 1.0}, COMPILED_AR: {4: compiled_ar_s}}, {"source": "test"})
+    config = SpecConfig(method="spec", tree="auto", cost_model=cost, plans=plans, adapt_costs=False, depth=2)
+    tokens, stats = generate_spec(target, drafter, labels, config=config, cfg_scale=2.0, seed=3)
+    assert stats.compile == choice.reason
+    L = target.config.block_size
+    if compiled_ar_s < 1.0:
+        ar_stats = {}
+        want = generate_ar(target, labels, cfg_scale=2.0, seed=3, compile=choice, stats=ar_stats)
+        assert torch.equal(tokens, want) and ar_stats["compile"] == choice.reason
+        assert stats.plan_counts == {"ar": L - 1} and stats.planner["all_ar"]
+        assert stats.planner["plans"]["ar"]["runner_up"] == "chain2"
+    else:
+        assert stats.plan_counts.get("chain2", 0) > 0 and "all_ar" not in stats.planner
+        assert stats.compiled_graphs == 0 and drafter not in compiled_module._CACHE  # eager speculative forwards
+
+
+@pytest.mark.slow  # torch.compile (aot_eager): a few seconds of CPU
+@torch.no_grad()
+def test_with_ars_loop_compiled_the_calibration_times_compiled_ar_beside_the_eager_plans(monkeypatch, tmp_path):
+    from lantern.decoding import resolve_cost_model
+    from lantern.decoding.calibration import COMPILED_AR
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path))
+    target, drafter = small_models()
+    labels, config = torch.tensor([0, 1]), SpecConfig(method="spec", depth=3)
+    eager = resolve_cost_model(target, drafter, labels, config=dataclasses.replace(config, compile=False),
+                               cfg_scale=2.0)
+    assert not eager.knows(COMPILED_AR)
+    _ar_only_compiled(monkeypatch)
+    model = resolve_cost_model(target, drafter, labels, config=config, cfg_scale=2.0)
+    assert model.meta["source"] != "cache"  # the eager entry is not this one
+    assert sorted(model.points[COMPILED_AR]) == sorted(model.points["ar"]) == [2, 4]
+    assert all(s > 0 for s in model.points[COMPILED_AR].values())
+    assert target in compiled_module._CACHE and drafter not in compiled_module._CACHE  # AR's graph only

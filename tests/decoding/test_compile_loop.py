@@ -200,7 +200,7 @@ def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, met
     figures = json.loads(js.read_text())
     assert figures["compile"] == "on (test)" and figures["compiled_graphs"] >= 0 and figures["compile_s"] >= 0
     out = capsys.readouterr().out
-    assert "compiled on (test)" in out
+    assert "compile on (test)" in out
     if method != "ar":  # the compiled AR baseline, and the eager one beside it
         assert figures["ar_compile"] == "on (test)" and "ar_compile_s" in figures and "ar_eager_s" in figures
         assert "speed-up vs AR (compiled" in out and "speed-up vs eager AR" in out

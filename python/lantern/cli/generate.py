@@ -286,11 +286,10 @@ def _print_figures(f: dict, args) -> None:
     print(f"{f['images']} images x {f['tokens_per_image']} tokens in {f['wall_s']:.2f}s: "
           f"{f['tokens_per_s']:.1f} tokens/s ({args.method}, {args.device}, {f['dtype']}, "
           f"{torch.get_num_threads()} threads)")
-    if f.get("compile", "").startswith("on"):
-        print(f"compiled {f['compile']}: {f['compiled_graphs']} graphs, {f['compile_s']:.2f}s of first calls "
-              f"(compile included) in the wall time above")
-    elif f.get("compile"):
-        print(f"eager: compile {f['compile']}")
+    if f.get("compile"):
+        graphs = f.get("compiled_graphs", 0)
+        print(f"compile {f['compile']}" + (f": {graphs} graphs, {f['compile_s']:.2f}s of first calls (compile "
+                                           f"included) in the wall time above" if graphs else ""))
     if args.method != "ar":
         print(f"tau {f['tau']:.2f} tokens per target forward; {f['target_forwards']} target forwards, "
               f"{f['draft_forwards']} drafter forwards (batch {f['batch']})")

@@ -21,15 +21,18 @@ from .plans import Plan
 from .proposers import new_state
 
 CALIBRATION_ROWS = (2,)  # rows (2 x images with guidance) at which each plan's step is timed, and the run's
+COMPILED_AR = "ar compiled"  # the point of generate_ar's compiled step, when only AR's loop compiles
+COMPILED_AR_TOKENS = 10  # tokens of the timed compiled AR run (its first token is the prefill's)
 
 
 def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan], relaxed: bool,
-          compile_options: Optional[dict] = None) -> dict:
+          choice: Optional[CompileChoice] = None) -> dict:
     """What, besides the device and models, changes a step's cost: the verify work, the candidates and
     whether (and how) the forwards are compiled (and, for the acceptance the calibration measures, the
     drafting rules)."""
     jacobi = {"coupling": config.coupling, "init": config.init} if config.self_drafting else {}
-    compiled = {} if compile_options is None else {"compiled": repr(sorted(compile_options.items()))}
+    compiled = {} if choice is None or not choice.on else {"compiled": repr(sorted(choice.options.items())),
+                                                            "compiled_forwards": "ar" if choice.ar_only else "all"}
     return {**jacobi, **compiled, "method": config.method, "k": config.k if relaxed else 0,
             "budget": config.budget if relaxed else "",
             "lam": config.lam if relaxed else None, "guided": sampling.guided, "length": L,
@@ -77,8 +80,7 @@ def cost_model(target, drafter, cond_idx, neighbours, config: SpecConfig, sampli
     """``resolve_cost_model`` for checked settings, with the run's compile choice."""
     plans = config.candidates()
     device = target.tok_embeddings.weight.device
-    key = cache_key(device, target, drafter, _mode(config, sampling, L, plans, config.relaxed(neighbours),
-                                                   choice.options))
+    key = cache_key(device, target, drafter, _mode(config, sampling, L, plans, config.relaxed(neighbours), choice))
     rows = cond_idx.shape[0] * sampling.halves
     grid = sorted(set(CALIBRATION_ROWS) | {rows})
 
@@ -177,7 +179,10 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     drafter_counts = dict(counts)
     if known is None or not known.acceptance:
         counts.update(_jacobi_counts(target, cond_idx, neighbours, config, sampling, L, plans, emb_masks))
-    compiled = CompiledRun(choice.options, CompileStats()) if choice.on else None  # the run's forwards
+    # the run's speculative forwards
+    compiled = CompiledRun(choice.options, CompileStats()) if choice.speculative_on else None
+    if choice.ar_only:
+        points[COMPILED_AR] = dict(known.points.get(COMPILED_AR, {})) if known else {}
     new_rows = set()
     for rows in sorted(rows_grid):
         B = max(rows // halves, 1)
@@ -186,11 +191,12 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                            emb_masks, compiled)
         times, bounds = _time_plans(timer, plans, points, rows, halves, counts, known, reps, max_point_s)
         timer.close()
-        if compiled is not None:  # the graph of tree="auto"'s all-AR runs (generate_ar's), compiled here too
-            s = sampling
-            generate_ar.unguarded(target, timer.labels, cfg_scale=s.cfg_scale, temperature=s.temperature,
-                                  top_k=s.top_k, top_p=s.top_p, cfg_interval=s.cfg_interval, seed=s.seed,
-                                  length=min(L, 2), emb_masks=timer.masks, compile=choice)
+        if choice.on:  # the graph of tree="auto"'s all-AR runs (generate_ar's), compiled here too, and timed
+            # when it competes with the eager plans
+            ar_step = _compiled_ar_step(target, timer.labels, timer.masks, sampling, L, choice,
+                                        reps if choice.ar_only else 0, timer.sync)
+            if ar_step is not None:
+                times[COMPILED_AR] = [ar_step]
         for name, measured in times.items():
             if measured:
                 points[name][rows] = min(measured)
@@ -201,6 +207,30 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     fresh = {name: {r: s for r, s in by_rows.items() if r in new_rows} for name, by_rows in points.items()}
     return {"points": {name: by_rows for name, by_rows in fresh.items() if by_rows},
             "acceptance": measured_rates(counts, max(p.depth for p in plans))}
+
+
+def _compiled_ar_step(target, labels, masks, sampling: Sampling, L: int, choice: CompileChoice, reps: int,
+                      sync) -> Optional[float]:
+    """Seconds per token of ``generate_ar``'s compiled loop over ``labels``: (a run of COMPILED_AR_TOKENS
+    tokens - a run of one, the prefill's) / the tokens between, the fastest of ``reps`` (None when the image
+    has a single token, or reps is 0). The first run compiles the graph and is not timed."""
+    s = sampling
+
+    def seconds(length: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        generate_ar.unguarded(target, labels, cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k,
+                              top_p=s.top_p, cfg_interval=s.cfg_interval, seed=s.seed, length=length,
+                              emb_masks=masks, compile=choice)
+        sync()
+        return time.perf_counter() - t0
+
+    n = min(L, COMPILED_AR_TOKENS)
+    seconds(min(L, 2))
+    if n < 2 or reps == 0:
+        return None
+    between = min(seconds(n) for _ in range(reps)) - min(seconds(1) for _ in range(reps))
+    return max(between, 1e-6) / (n - 1)
 
 
 def _time_plans(timer: _StepTimer, plans: Sequence[Plan], points, rows: int, halves: int, counts: dict,

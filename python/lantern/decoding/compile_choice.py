@@ -15,14 +15,22 @@ COMPILE_CHOICES = {"auto": AUTO, "on": True, "off": False}  # the CLI's --compil
 
 
 class CompileChoice(NamedTuple):
-    """What ``compile`` resolved to on a device: torch.compile's options (None: eager) and why."""
+    """What ``compile`` resolved to on a device: torch.compile's options (None: eager), why, and whether only
+    AR's loop compiles (``ar_only``: the speculative loop's forwards stay eager)."""
 
     options: Optional[dict]
     reason: str
+    ar_only: bool = False
 
     @property
     def on(self) -> bool:
+        """Whether AR's loop (``generate_ar``, and a speculative run that turns to AR) compiles."""
         return self.options is not None
+
+    @property
+    def speculative_on(self) -> bool:
+        """Whether the speculative loop's forwards (target and drafter) compile."""
+        return self.on and not self.ar_only
 
 
 def check_compile(compile) -> None:
@@ -37,22 +45,25 @@ def check_compile(compile) -> None:
 def resolve_compile(compile: CompileOption, device: torch.device) -> CompileChoice:
     """``compile`` on ``device``: False -> eager; True -> inductor (mode="reduce-overhead", CUDA graphs, on a
     GPU); a dict -> those options; "auto" -> True where torch.compile can work on the device, else eager, with
-    the reason. Compiling also points inductor's on-disk caches at lantern's cache folder (unless the user chose
-    another TORCHINDUCTOR_CACHE_DIR), so the next process loads a graph instead of compiling it."""
+    the reason, and on a CPU AR's loop only (``compile_unavailable``, ``AR_ONLY_ON_CPU``). Compiling also
+    points inductor's on-disk caches at lantern's cache folder (unless the user chose another
+    TORCHINDUCTOR_CACHE_DIR), so the next process loads a graph instead of compiling it."""
     check_compile(compile)
     device = torch.device(device)
     if compile is False or compile is None:
         return CompileChoice(None, "off (compile=False)")
+    ar_only = False
     if compile == AUTO:
         why_not = compile_unavailable(device)
         if why_not is not None:
             return CompileChoice(None, f"off (auto: {why_not})")
-        reason, compile = "on (auto)", True
+        ar_only = device.type == "cpu" and _compile_setting() is not True
+        reason, compile = (f"on, AR's loop only (auto: {AR_ONLY_ON_CPU})" if ar_only else "on (auto)"), True
     else:
         reason = "on (compile=True)" if compile is True else "on (compile options given)"
     use_lantern_cache_for_inductor()
     if compile is True:
-        return CompileChoice({"mode": "reduce-overhead"} if device.type == "cuda" else {}, reason)
+        return CompileChoice({"mode": "reduce-overhead"} if device.type == "cuda" else {}, reason, ar_only)
     return CompileChoice(dict(compile), reason)
 
 
@@ -61,23 +72,24 @@ def compile_options(compile: CompileOption, device: torch.device) -> Optional[di
     return resolve_compile(compile, device).options
 
 
+# why "auto" compiles AR's loop alone on a CPU (docs/compile.md, "What auto decides")
+AR_ONLY_ON_CPU = ("on a CPU a graph costs tens of seconds to trace and compile: AR's one graph pays for itself, a "
+                  "speculative run's dozen do not; LANTERN_COMPILE=1 or compile=True compiles them too")
+
+
 def compile_unavailable(device: torch.device) -> Optional[str]:
-    """Why compile="auto" stays eager on ``device``, or None. LANTERN_COMPILE=0 turns it off and =1 on
-    wherever torch.compile can work (``cannot_compile``). Otherwise "auto" compiles on a GPU (CUDA graphs
-    remove the launch overhead that dominates a decoding step) and not on a CPU: there a graph of a 16-layer
-    model costs tens of seconds of dynamo tracing and compiling per node-count bucket and row count, and
-    inductor's on-disk cache saves only part of it (docs/compile.md), which a short run such as ``make demo``
-    never earns back."""
+    """Why compile="auto" stays eager on ``device``, or None. LANTERN_COMPILE=0 turns it off and =1 on for
+    every forward wherever torch.compile can work (``cannot_compile``). Otherwise "auto" compiles on a GPU
+    (CUDA graphs remove the launch overhead that dominates a decoding step), and on a CPU AR's loop only
+    (``resolve_compile``): there a graph of a 16-layer model costs tens of seconds of dynamo tracing and
+    compiling, and inductor's on-disk cache saves only part of it (docs/compile.md). AR needs one graph per
+    row count, which pays for itself in a long run and is shared with the compiled AR baseline that printed
+    speed-ups are held against; a speculative run meets a dozen (node-count buckets, forward kinds), which a
+    short run such as ``make demo`` never earns back."""
     setting = _compile_setting()
     if setting is False:
         return f"LANTERN_COMPILE={os.environ['LANTERN_COMPILE']}"
-    why_not = cannot_compile(device)
-    if why_not is not None:
-        return why_not
-    if device.type == "cpu" and setting is not True:
-        return "on a CPU each graph costs tens of seconds to trace and compile, more than a short run saves; " \
-               "LANTERN_COMPILE=1 or compile=True for long runs"
-    return None
+    return cannot_compile(device)
 
 
 def cannot_compile(device: torch.device) -> Optional[str]:

@@ -22,12 +22,12 @@ import torch
 
 from .. import ops
 from .ar import check_condition, check_image_ids, check_length, condition_masks, generate_ar
-from .calibration import cost_model
+from .calibration import COMPILED_AR, cost_model
 from .compiled import CompileChoice, CompiledRun, CompileStats, resolve_compile
 from .config import Sampling, SpecConfig, SpecStats, check_config
 from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
-from .planner import AR_PLAN, AcceptanceModel, Planner
+from .planner import AR_PLAN, AcceptanceModel, Decision, Planner
 from .proposers import new_state
 from .state import StepFigures, progress
 
@@ -84,7 +84,7 @@ class _Run:
     def start(self, plans, catch_up: bool, stats: SpecStats):
         """The prefilled DecodeState, and the run's CompiledRun (None: eager); stats.compile says which."""
         stats.compile = self.choice.reason
-        compiled = CompiledRun(self.choice.options, CompileStats()) if self.choice.on else None
+        compiled = CompiledRun(self.choice.options, CompileStats()) if self.choice.speculative_on else None
         state = new_state(self.target, self.drafter, self.cond_idx, self.neighbours, self.config, self.sampling,
                           self.L, plans, catch_up, self.emb_masks, compiled)
         stats.target_forwards += 1  # the prefill
@@ -164,6 +164,9 @@ def _generate_auto(run: _Run, costs):
     first = planner.choose(B * run.sampling.halves, B, at_start[1:])
     if first.plan.is_ar and not first.probe:
         return _generate_all_ar(run, planner, first, stats, t0)
+    compiled_ar = _compiled_ar_decision(run, planner, first)
+    if compiled_ar is not None:
+        return _generate_all_ar(run, planner, compiled_ar, stats, t0)
     state, compiled = run.start(planner.plans, True, stats)
     compile_stats = compiled.stats if compiled is not None else None
     step, decision, last, forwards, n_emit, steps = 0, None, None, 0, None, []
@@ -199,6 +202,21 @@ def _generate_auto(run: _Run, costs):
     _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
     return state.out, stats
+
+
+def _compiled_ar_decision(run: _Run, planner: Planner, first: Decision) -> Optional[Decision]:
+    """When only AR's loop compiles (``CompileChoice.ar_only``: "auto" on a CPU), the run is compiled AR
+    from the first step if the calibration's compiled AR step (``COMPILED_AR``) gives more tokens per
+    second than ``first``, the eager plan the planner chose, by the planner's margin; None otherwise."""
+    rows, B = first.rows, run.cond_idx.shape[0]
+    if not run.choice.ar_only or not planner.cost_model.knows(COMPILED_AR):
+        return None
+    seconds = planner.cost_model.step_seconds(COMPILED_AR, rows)
+    best_plan, best_rate = (first.runner_up, first.runner_up_rate) if first.probe else (first.plan,
+                                                                                       first.tokens_per_s)
+    if best_rate > B / seconds * (1.0 + planner.margin):
+        return None
+    return Decision(AR_PLAN, B, seconds, B / seconds, rows, best_plan, best_rate)
 
 
 def _generate_all_ar(run: _Run, planner: Planner, decision, stats: SpecStats, t0: float):
