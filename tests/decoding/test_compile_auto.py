@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from lantern.decoding import SpecConfig, compile_choice, generate, generate_ar, generate_spec
+from lantern.decoding import Plan, SpecConfig, compile_choice, generate, generate_ar, generate_spec
 from lantern.decoding import compiled as compiled_module
 from lantern.decoding.calibration import _mode
 from lantern.decoding.compiled import CompileChoice, baseline_compile, resolve_compile
@@ -120,6 +120,11 @@ def test_compiled_and_eager_costs_are_different_cache_entries():
     assert len({repr(m) for m in modes[1:]}) == 4
 
 
+# a plan of each kind the calibration times: AR, a chain, a dynamic tree (a few, so that calibrating is quick)
+FEW_PLANS = [Plan("ar", "ar"), Plan("chain2", "chain", depth=2),
+             Plan("tree6", "dynamic", depth=2, n_nodes=5, top_per_node=3)]
+
+
 @pytest.mark.slow  # torch.compile: 10-40 s of CPU
 @torch.no_grad()
 def test_calibration_times_the_compiled_forwards(monkeypatch, tmp_path):
@@ -129,7 +134,7 @@ def test_calibration_times_the_compiled_forwards(monkeypatch, tmp_path):
     from lantern.decoding import resolve_cost_model
 
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path))
-    labels, kw = torch.tensor([0, 1]), dict(method="spec", depth=3)
+    labels, kw = torch.tensor([0, 1]), dict(method="spec", depth=3, plans=FEW_PLANS)
     target, drafter = small_models()
     resolve_cost_model(target, drafter, labels, config=SpecConfig(**kw, compile=False), cfg_scale=2.0)
     assert target not in compiled_module._CACHE and drafter not in compiled_module._CACHE
@@ -174,7 +179,7 @@ def test_with_ars_loop_compiled_the_run_is_compiled_ar_where_its_step_beats_the_
     """The cost model says a chain of 2 beats an eager AR step; the compiled AR step then decides: much faster
     (1e-4 s) -> the whole run is generate_ar's compiled loop (its tokens, every step AR, the eager plan the
     runner-up); much slower (10 s, the negative control) -> the speculative run, its forwards eager."""
-    from lantern.decoding import CostModel, Plan
+    from lantern.decoding import CostModel
     from lantern.decoding.calibration import COMPILED_AR
 
     target, drafter = small_models()
@@ -205,7 +210,7 @@ def test_with_ars_loop_compiled_the_calibration_times_compiled_ar_beside_the_eag
 
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path))
     target, drafter = small_models()
-    labels, config = torch.tensor([0, 1]), SpecConfig(method="spec", depth=3)
+    labels, config = torch.tensor([0, 1]), SpecConfig(method="spec", depth=3, plans=FEW_PLANS)
     eager = resolve_cost_model(target, drafter, labels, config=dataclasses.replace(config, compile=False),
                                cfg_scale=2.0)
     assert not eager.knows(COMPILED_AR)
