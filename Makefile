@@ -1,6 +1,7 @@
 # lantern: make install | test | test-fast | lint | demo | bench | gpu-check | clean | distclean
-# install creates .venv (if missing), installs requirements.txt (--no-compile: modules are byte-compiled when first
-# imported, not all of them at install), then builds lantern._C in place (editable).
+# install creates .venv (if missing), installs requirements.txt, then builds lantern._C in place (editable).
+# pip byte-compiles at install on purpose: where PYTHONDONTWRITEBYTECODE=1 (as on our machines), a module left
+# uncompiled is compiled again in every process that imports it.
 # It is cheap the second time: a stamp file remembers the last install, redone when setup.py, pyproject.toml,
 # requirements.txt or a csrc/ file changes, or when the built extension is missing.
 # gpu-check (on a machine with a CUDA GPU) uses that machine's own $(PYTHON), torch, triton and CUDA toolkit, not
@@ -27,7 +28,7 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(VENV)/bin/python requirements.txt setup.py pyproject.toml $(CSRC)
-	$(VENV)/bin/pip install -q --no-compile -r requirements.txt
+	$(VENV)/bin/pip install -q -r requirements.txt
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=$${MAX_JOBS:-2} \
 		$(VENV)/bin/pip install -q --no-build-isolation -e .
 	$(VENV)/bin/python -c "import lantern; print(lantern.build_info())"
