@@ -65,6 +65,7 @@ import lantern
 from lantern import ops
 from lantern.decoding import costs
 from lantern.decoding.planner import FAMILIES, AcceptanceModel, Planner, candidate_plans, jacobi_plans
+from lantern.guidance import guide
 from op_cases import (
     attention_inputs,
     compact_case,
@@ -250,8 +251,7 @@ def greedy_near_ties(args, kwargs) -> torch.Tensor:
         return torch.zeros(B, dtype=torch.bool)
     uncond = kwargs.get("uncond_logits")
     if uncond is not None:
-        scale = per_row(kwargs.get("cfg_scale", 1.0)).reshape(-1, 1, 1)
-        logits = uncond.detach().double() + scale * (logits - uncond.detach().double())
+        logits = guide(logits, uncond.detach().double(), per_row(kwargs.get("cfg_scale", 1.0)))
     top2 = torch.nan_to_num(logits, nan=-math.inf).topk(2, dim=-1).values  # [B, T, 2]
     gap = top2[..., 0] - top2[..., 1]
     near = (gap > 0) & (gap <= NEAR_TIE * top2[..., 0].abs().clamp(min=1.0))  # [B, T]
