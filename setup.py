@@ -1,7 +1,8 @@
 """Build lantern and its extension lantern._C (metadata: pyproject.toml).
 
 lantern._C always holds the CPU kernels (csrc/ops.cpp + csrc/cpu/*.cpp). The CUDA kernels (csrc/cuda/*.cu,
-compiled with -DLANTERN_WITH_CUDA) are added when a CUDA toolkit is found (CUDA_HOME, else /usr/local/cuda),
+torch-free, compiled by nvcc) and their torch bindings (csrc/cuda/bindings.cpp, by the host compiler; all with
+-DLANTERN_WITH_CUDA) are added when a CUDA toolkit is found (CUDA_HOME, else /usr/local/cuda),
 torch is a CUDA build and LANTERN_NO_CUDA is not "1". TORCH_CUDA_ARCH_LIST defaults to "8.0;9.0".
 Install: ``pip install --no-build-isolation -e .`` (MAX_JOBS bounds the parallel compile jobs). The build
 records one line, with or without CUDA kernels and for which architectures, that ``lantern.build_info()``
@@ -92,7 +93,7 @@ def extension():
     if not with_cuda:
         ext = CppExtension(**kwargs)
     else:
-        kwargs["sources"] += _sources("csrc/cuda/*.cu")
+        kwargs["sources"] += _sources("csrc/cuda/*.cu") + _sources("csrc/cuda/*.cpp")
         kwargs["define_macros"] = [("LANTERN_WITH_CUDA", "1")]
         _keep_ptxas_reports()
         ext = CUDAExtension(**kwargs)

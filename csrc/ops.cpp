@@ -1,8 +1,8 @@
 // lantern._C: a tiny Python module beside the kernels. Each op's schema is declared once, in Python, by its
 // op module (python/lantern/ops/<op>_op.py, with torch.library); the kernels only register implementations of
-// it, one file per op per backend: LANTERN_KERNEL(CPU / CUDA, op, kernel) in csrc/cpu/<op>.cpp,
-// csrc/cuda/<op>.cu (kernel_registry.h). Those registrations run when Python calls register_kernels() below,
-// after importing the module. The argument checks the kernels rely on for memory safety are in op_checks.h.
+// it: LANTERN_KERNEL(CPU / CUDA, op, kernel) in csrc/cpu/<op>.cpp and csrc/cuda/bindings.cpp
+// (kernel_registry.h). Those registrations run when Python calls register_kernels() below, after importing the
+// module. The argument checks the kernels rely on for memory safety are in op_checks.h.
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 

@@ -184,3 +184,50 @@ def test_ptxas_parser_reads_non_entry_functions_and_unknown_archs():
                          cr.PtxasFunction("_Z6helperv", "sm_90", False, 16, 8, 4),
                          cr.PtxasFunction("_Z6orphanv", None, False, 0, 0, 0)]
     assert len(spill_failures(functions)) == 2
+
+
+# ---- nvcc never parses torch's headers (csrc/cuda/*.cu are torch-free; bindings.cpp is the torch side) ------
+
+TORCH_HEADER_PREFIXES = ("ATen/", "c10/", "torch/", "pybind11/", "Python.h")
+INCLUDE_DIRS = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
+
+
+def torch_include_chains(path: str, seen: Set[str] | None = None) -> List[List[str]]:
+    """Every chain of #includes from `path` to a torch / pybind11 header, following the quoted includes that
+    resolve inside the checkout (the file's directory, csrc/include, csrc)."""
+    seen = set() if seen is None else seen
+    if path in seen:
+        return []
+    seen.add(path)
+    chains = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("#include"):
+                continue
+            name = line.split(None, 1)[1].strip()[1:-1]
+            if name.startswith(TORCH_HEADER_PREFIXES):
+                chains.append([name])
+                continue
+            for directory in [os.path.dirname(path), *INCLUDE_DIRS]:
+                found = os.path.join(directory, name)
+                if line.split(None, 1)[1].startswith('"') and os.path.isfile(found):
+                    chains += [[name, *chain] for chain in torch_include_chains(found, seen)]
+                    break
+    return chains
+
+
+@pytest.mark.parametrize("source", cr.cuda_sources(), ids=_stem)
+def test_cuda_sources_never_include_torch(source):
+    """nvcc's device passes parse a translation unit once per architecture: a .cu that reaches torch's headers
+    costs about a minute of CPU to build instead of seconds."""
+    assert torch_include_chains(source) == [], f"{os.path.relpath(source, ROOT)} includes torch"
+
+
+def test_torch_include_scan_sees_the_bindings_includes(tmp_path):
+    """Negative control: the torch side reaches torch directly and through op_checks.h."""
+    chains = torch_include_chains(os.path.join(ROOT, "csrc", "cuda", "bindings.cpp"))
+    assert ["ATen/ops/empty.h"] in chains and ["op_checks.h", "ATen/core/Tensor.h"] in chains
+    source = tmp_path / "uses_checks.cu"
+    source.write_text('#include "lantern/cuda/launch.h"\n#include "kernel_registry.h"\n')
+    assert torch_include_chains(str(source)) == [["kernel_registry.h", "torch/library.h"]]

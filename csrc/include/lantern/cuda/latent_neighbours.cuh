@@ -1,5 +1,5 @@
 // The latent neighbour table (SPEC §2) on CUDA: one launch, one CTA of kNbrThreads threads per code x.
-// Torch-free (CUDA runtime types only); csrc/cuda/latent_neighbours.cu is the torch binding.
+// Torch-free (CUDA runtime types only); csrc/cuda/latent_neighbours.cu is its launcher.
 //
 // Order. Candidate y of row x is ranked by the uint64 key (float32 bits of dist(x, y)) << 32 | y, as in the
 // reference and the CPU kernel: for dist >= 0 (+inf included) the bits increase with the value, so key order

@@ -1,5 +1,6 @@
 // Tree attention (SPEC §6) on CUDA: one launch per layer, flash-style online softmax. Torch-free (CUDA
-// runtime types only); csrc/cuda/tree_attention.cu is the torch binding.
+// runtime types only); lantern/cuda/tree_attention.h holds its launch parameters and the sizes the binding
+// computes, csrc/cuda/tree_attention.cu is its launcher.
 //
 // Work split. A CTA (kWarps = 4 warps) owns kRows = 16 query rows of one (batch row b, kv head g) pair;
 // rows are the group's (query head, node) pairs packed as r = (h - g * G) * T + t (G = H / Hkv), so the
@@ -52,7 +53,7 @@
 //   64   64         41.3 KiB   86-88      | 86-88         3 (19%), smem          5 (31%), both
 //   128  32         42.6 KiB   79-82      | 80-82         3 (19%), smem          5 (31%), both
 //   256  32         82.6 KiB   95-96      | 96            1 (6%), smem           2 (13%), smem
-// (Dp = 256 is over the default 48 KiB: the binding opts in, and refuses a GPU that cannot give it.)
+// (Dp = 256 is over the default 48 KiB: the launcher opts in; the binding refuses a GPU that cannot give it.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,49 +61,9 @@
 
 #include <cstdint>
 
+#include "lantern/cuda/tree_attention.h"
+
 namespace lantern::cuda {
-
-constexpr int kTreeAttnWarps = 4;
-constexpr int kTreeAttnThreads = 32 * kTreeAttnWarps;
-constexpr int kTreeAttnRowsPerWarp = 4;  // = the float4 width of a P broadcast
-constexpr int kTreeAttnRows = kTreeAttnWarps * kTreeAttnRowsPerWarp;  // query rows per CTA
-constexpr int kTreeAttnMaxDh = 256;
-// At most 65536 / (128 * 5) = 102 registers per thread. An explicit budget: left to itself, ptxas picks
-// counts such as 64 or 72 and spills a few bytes; with this one every instance compiles without spills.
-constexpr int kTreeAttnMinBlocks = 5;
-
-// Keys per tile for head dims padded to Dp (a multiple of 32): 64 up to Dp = 64, else 32, so shared
-// memory stays under the default 48 KiB up to Dp = 128.
-constexpr int tree_attn_tile(int Dp) { return Dp <= 64 ? 64 : 32; }
-
-// Shared memory of one CTA, in bytes: q [kRows, Dp], K [N, Dp + 4], V [N, Dp], P [kWarps, N, 4] floats, the
-// per-key stamps of non-finite values [N] and the last tile that had one, int32.
-constexpr int tree_attn_smem_bytes(int Dp) {
-  const int n = tree_attn_tile(Dp);
-  return 4 * (kTreeAttnRows * Dp + n * (Dp + 4) + n * Dp + kTreeAttnWarps * n * kTreeAttnRowsPerWarp + n + 1);
-}
-
-struct TreeAttnParams {
-  const void* q;  // [B, H, T, Dh], strides q_s* (elements), last dimension contiguous
-  const void* k;  // [B, Hkv, Lmax, Dh], strides k_s*, last dimension contiguous
-  const void* v;  // like k, strides v_s*
-  void* o;        // [B, H, T, Dh] contiguous, q's dtype
-  const int64_t* cache_len;  // [B]
-  const int32_t* tree_mask;  // [B, T, W] contiguous packed bits, W = ceil(T / 32)
-  int64_t q_sb, q_sh, q_st;
-  int64_t k_sb, k_sh, k_sl;
-  int64_t v_sb, v_sh, v_sl;
-  int64_t Lmax;
-  int B, H, Hkv, T, Dh, W;  // the binding checks that G * T, B * T * W and the grid fit in int32
-  int blocks_per_head;      // ceil(G * T / kTreeAttnRows)
-  float qk_scale;           // log2(e) / sqrt(Dh)
-  bool vec_loads;  // K/V rows may be read in 16-byte chunks (Dh == Dp, 16-byte aligned bases and strides)
-};
-
-// Blocks per (b, kv head).
-inline int64_t tree_attn_blocks_per_head(int64_t H, int64_t Hkv, int64_t T) {  // ceil(G * T / kRows)
-  return ((H / Hkv) * T + kTreeAttnRows - 1) / kTreeAttnRows;
-}
 
 // ---- element conversions (explicit intrinsics: torch builds with __CUDA_NO_HALF_CONVERSIONS__) ----------
 

@@ -1,5 +1,5 @@
 // verify (SPEC §3-§5) on the GPU: one launch, one thread block per batch row. Torch-free (CUDA only); the op
-// binding is csrc/cuda/verify.cu, the CPU original lantern/cpu/verify_walk.h.
+// launcher is csrc/cuda/verify.cu (its binding csrc/cuda/bindings.cpp), the CPU original lantern/cpu/verify_walk.h.
 //
 // Design. The block walks its row's tree with uniform control flow: every thread runs the walk's scalar
 // rules (lantern/verify.h, the code the CPU runs) redundantly on identical inputs, so decisions need no
@@ -126,7 +126,7 @@ struct RowWalk {
     __syncthreads();
   }
 
-  // An invalid row: every output -1 (documented in csrc/cuda/verify.cu's schema comment).
+  // An invalid row: every output -1 (documented with the binding, csrc/cuda/bindings.cpp).
   __device__ void fail() const {
     __syncthreads();  // thread 0's earlier writes are ordered before these
     reset_outputs();
