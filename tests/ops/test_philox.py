@@ -127,3 +127,14 @@ def test_counters_that_do_not_broadcast_raise(backend):
             ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(0, dtype=torch.int64), 0, 0)
         broadcast = ops.philox_uniform(1, torch.tensor([1, 2, 3]), torch.zeros(2, 1, dtype=torch.int64), 0, 0)
         assert broadcast.shape == (2, 3)
+
+
+def test_reference_puts_int_counters_on_the_tensor_counters_device():
+    # an int counter becomes a tensor on the device of the tensor counters: on a GPU a CPU word would meet CUDA
+    # words inside the rounds ("found at least two devices"); the meta device fails the same way without a GPU
+    c0 = torch.arange(5, device="meta")
+    for args in ((c0, 0, 2, 3), (7, c0, 2, 3), (7, 0, 2, c0[:, None])):
+        assert ref.philox_word0(11, *args).device.type == "meta"
+        assert ref.philox_uniform(11, *args).device.type == "meta"
+    assert torch.equal(ref.philox_uniform(11, torch.arange(5), 0, 2, 3),
+                       ref.philox_uniform(11, torch.arange(5), torch.tensor(0), 2, 3))

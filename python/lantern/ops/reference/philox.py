@@ -5,7 +5,7 @@ halves so nothing overflows int64.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -30,7 +30,8 @@ def _mul_hi_lo(a: int, b: torch.Tensor):
 
 def philox_word0(seed: IntLike, c0: IntLike, c1: IntLike, c2: IntLike, c3: IntLike) -> torch.Tensor:
     """Word 0 of Philox4x32-10 with key (seed low, seed high), as int64 in [0, 2^32)."""
-    c0, c1, c2, c3 = (_as_words(c) for c in (c0, c1, c2, c3))
+    device = next((c.device for c in (c0, c1, c2, c3) if isinstance(c, torch.Tensor)), None)
+    c0, c1, c2, c3 = (_as_words(c, device) for c in (c0, c1, c2, c3))
     c0, c1, c2, c3 = torch.broadcast_tensors(c0, c1, c2, c3)
     if isinstance(seed, torch.Tensor):
         seed = int(seed.item())
@@ -44,8 +45,9 @@ def philox_word0(seed: IntLike, c0: IntLike, c1: IntLike, c2: IntLike, c3: IntLi
     return c0
 
 
-def _as_words(c: IntLike) -> torch.Tensor:
-    t = c if isinstance(c, torch.Tensor) else torch.tensor(int(c))
+def _as_words(c: IntLike, device: Optional[torch.device]) -> torch.Tensor:
+    """A counter as int64 words on ``device`` (the counters' common device: an int becomes a tensor there)."""
+    t = c if isinstance(c, torch.Tensor) else torch.tensor(int(c), device=device)
     return t.to(torch.int64) & MASK32
 
 
