@@ -125,27 +125,35 @@ def resolve(op_name: str, device: torch.device, backend: Optional[str] = None) -
 def _resolve(op_name: str, device: torch.device, count: bool, backend: Optional[str] = None) -> Callable:
     """``resolve``; ``count``: a call that runs the reference because the kernel's self-check disabled it is
     counted (``kernel_calls``), which a mere question (``resolved_backends``) is not."""
+    return _resolve_named(op_name, device, count, backend)[1]
+
+
+def _resolve_named(op_name: str, device: torch.device, count: bool,
+                   backend: Optional[str] = None) -> Tuple[str, Callable]:
+    """``_resolve`` with the name of the backend it picked: "cpu" and "cuda" share one caller (the dispatcher
+    picks the kernel by device), so the implementation alone does not say which backend it is."""
     explicit = backend is not None
     if not explicit:
         run = getattr(_state, "run_backends", None)
         backend = run[op_name] if run is not None else active_backend()
     elif backend not in _REGISTRY and backend != "auto":
         _validate(backend)  # raises, naming the choices
+    reference = ("reference", _REGISTRY["reference"][op_name])
     if backend == "reference":
-        return _REGISTRY["reference"][op_name]
+        return reference
     _load_backends()
     if backend == "auto":
         for name in _auto_candidates(device):
             impl = _REGISTRY[name].get(op_name)
             if impl is not None and _why_unavailable(name) is None and _passes_self_check(name, op_name, device):
-                return impl
-        return _REGISTRY["reference"][op_name]
+                return name, impl
+        return reference
     impl = _REGISTRY[backend].get(op_name)
     if impl is None:
         why = _why_unavailable(backend) if explicit else None  # enable_fused checked the default already
         if why is not None:
             raise RuntimeError(f"backend '{backend}' is unavailable: {why}")
-        return _REGISTRY["reference"][op_name]
+        return reference
     wrong = wrong_device(backend, device)
     if wrong is not None:
         raise RuntimeError(f"backend '{backend}' runs {op_name} on {wrong} tensors, got tensors on {device}; move "
@@ -153,8 +161,8 @@ def _resolve(op_name: str, device: torch.device, count: bool, backend: Optional[
     if not _passes_self_check(backend, op_name, device):
         if count:
             _count("disabled", backend, op_name)
-        return _REGISTRY["reference"][op_name]
-    return impl
+        return reference
+    return backend, impl
 
 
 def _count(kind: str, backend: str, op_name: str) -> None:
@@ -184,9 +192,7 @@ def resolved_backends(device, backend: Optional[str] = None) -> Dict[str, str]:
     _load_backends()
     chosen = {}
     for op_name in sorted(_REGISTRY["reference"]):
-        impl = _resolve(op_name, device, count=False, backend=backend)
-        chosen[op_name] = next((name for name in ("cpu", "cuda", "triton") if _REGISTRY[name].get(op_name) is impl),
-                               "reference")
+        chosen[op_name] = _resolve_named(op_name, device, count=False, backend=backend)[0]
     return chosen
 
 

@@ -74,6 +74,23 @@ def test_auto_prefers_cuda_then_triton_on_cuda_tensors(monkeypatch):
         assert on_cpu in (_backend._REGISTRY["cpu"].get("latent_neighbours"), reference_neighbours)
 
 
+def test_resolved_backends_names_cuda_where_cpu_and_cuda_share_the_caller(monkeypatch):
+    """cpu and cuda run one caller (the dispatcher picks the kernel by device): on CUDA tensors the run's
+    backends must say "cuda", not "cpu", or the run passes backend="cpu" with CUDA tensors and is refused."""
+    _backend._load_backends()
+    shared = [op for op in OPS if _backend._REGISTRY["cuda"].get(op) is not None
+              and _backend._REGISTRY["cuda"].get(op) is _backend._REGISTRY["cpu"].get(op)]
+    if not shared:
+        pytest.skip("lantern._C is not built: no op has the extension's caller")
+    monkeypatch.setenv("LANTERN_SELF_CHECK", "0")  # resolution only: no kernel runs
+    monkeypatch.setitem(_backend._AVAILABILITY, "cuda", lambda: None)
+    cuda = torch.device("cuda")
+    for backend in ("auto", "cuda"):
+        chosen = _backend.resolved_backends(cuda, backend=backend)
+        assert {op: chosen[op] for op in shared} == {op: "cuda" for op in shared}, backend
+    assert all(_backend.resolved_backends(torch.device("cpu"), backend="cpu")[op] == "cpu" for op in shared)
+
+
 def test_a_kernel_module_that_fails_to_import_disables_only_the_triton_backend(monkeypatch):
     """E.g. a torch whose triton_op cannot take a launcher's declaration: one warning names the module and the
     error, the triton backend is unavailable with that reason (self_check_report lists it for every device),
