@@ -3,6 +3,8 @@ the eager loops' tokens (AR and speculative, greedy and sampled), node counts pa
 real node's result, and a run compiles at most one graph per bucket and forward kind (none on a rerun)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -222,3 +224,39 @@ def test_compiled_loop_with_a_gpt_drafter_gives_the_eager_tokens(tree):
     want, _ = spec_run(target, drafter, tree, 1.0, False, "spec")
     got, stats = spec_run(target, drafter, tree, 1.0, AOT, "spec")
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("isolates", [True, False])
+def test_known_keys_skip_guards_only_where_torch_isolates_the_wrappers(monkeypatch, isolates):
+    """torch < 2.14 (the GPU machine's 2.11) has no torch.compile(isolate_recompiles=...): the wrapper compiles
+    without it and runs every call with all its guards; with it, a call at a known key skips the guards that
+    do not tell its own graphs apart. isolates=True is the negative control of the second half."""
+    from lantern.decoding import compiled
+
+    def compile_like_torch(fn, *, fullgraph, dynamic, **options):
+        if not isolates:
+            assert "isolate_recompiles" not in options  # torch 2.11 raises TypeError on it
+        return fn
+
+    stances = []
+
+    def record_stance(*args, **kwargs):
+        stances.append(kwargs)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(compiled, "ISOLATES_RECOMPILES", isolates)
+    monkeypatch.setattr(torch, "compile", compile_like_torch)
+    monkeypatch.setattr(torch.compiler, "set_stance", record_stance)
+    wrapper = compiled._Compiled(lambda x: (x + 1,), {}, "test", torch.device("cpu"))
+    x = torch.zeros(2)
+    for _ in range(3):
+        assert torch.equal(wrapper(("key",), x)[0], x + 1)
+    assert stances == ([dict(skip_guard_eval_unsafe=True)] * 2 if isolates else [])
+
+
+def test_isolates_recompiles_is_what_this_torch_accepts():
+    import inspect
+
+    from lantern.decoding import compiled
+
+    assert compiled.ISOLATES_RECOMPILES == ("isolate_recompiles" in inspect.signature(torch.compile).parameters)

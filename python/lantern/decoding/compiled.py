@@ -19,7 +19,9 @@ sampling run eagerly around them), so a Python int offset causes no recompilatio
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import time
 import weakref
 from typing import Dict, NamedTuple, Tuple
@@ -46,6 +48,7 @@ from .compile_choice import (  # noqa: F401
 )
 
 BUCKETS = (1, 4, 8, 16, 32, 64)
+ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters  # torch >= 2.14
 RECOMPILE_LIMIT = 64  # graphs per compiled function over a process (buckets x row counts x runs of new shapes)
 
 
@@ -117,8 +120,12 @@ class _Compiled:
         if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:
             torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
         # isolate_recompiles: this wrapper's graphs are its own (a process's wrappers of other models share
-        # the traced functions' code objects), so the guards that tell them apart are about its shapes only
-        self.fn = torch.compile(fn, fullgraph=True, dynamic=False, isolate_recompiles=True, **options)
+        # the traced functions' code objects), so the guards that tell them apart are about its shapes only.
+        # A torch without it (before 2.14) runs every call with all its guards instead: the unsafe stance
+        # could pick another model's graph there.
+        isolate = dict(isolate_recompiles=True) if ISOLATES_RECOMPILES else {}
+        self.fn = torch.compile(fn, fullgraph=True, dynamic=False, **isolate, **options)
+        self.skip_guards = ISOLATES_RECOMPILES
         self.cuda_graphs = options.get("mode") in ("reduce-overhead", "max-autotune")
         self.kind, self.device = kind, device
         self.known = set()  # (shape key, argument layout, traced state) called before (no compile expected)
@@ -129,7 +136,9 @@ class _Compiled:
             torch.compiler.cudagraph_mark_step_begin()
         full_key = (key, _layout(args), _traced_state())
         if full_key in self.known:
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            stance = (torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if self.skip_guards
+                      else contextlib.nullcontext())
+            with stance:
                 out = self.fn(*args)
             return tuple(o.clone() for o in out) if self.cuda_graphs else out
         self._sync()
