@@ -108,6 +108,14 @@ def missing_cases(ops: List[str]) -> List[str]:
     return [op for op in ops if op not in CASES]
 
 
+def missing_kernels(ops: List[str], dispatch_key: str) -> List[str]:
+    """The ops lantern._C has registered no ``dispatch_key`` kernel for. Importing ``lantern.ops.extension``
+    registers them (lantern._C only records its kernels when it loads)."""
+    from lantern.ops import extension  # noqa: F401
+
+    return [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key(f"lantern::{op}", dispatch_key)]
+
+
 def rehearse() -> int:
     """The same calls on CPU tensors with the cpu backend (no GPU, no sanitizer): the driver's own code runs,
     for `make gpu-check --rehearse`."""
@@ -116,6 +124,10 @@ def rehearse() -> int:
     ops = cuda_ops()
     if missing_cases(ops):
         print(f"sanitize_cuda_ops: no case for csrc/cuda/{missing_cases(ops)}: add one to CASES", file=sys.stderr)
+        return 1
+    no_kernel = missing_kernels(ops, "CPU")
+    if no_kernel:
+        print(f"sanitize_cuda_ops: lantern._C has no CPU kernel for {no_kernel}", file=sys.stderr)
         return 1
     for op in ops:
         calls = CASES[op](torch.device("cpu"))
@@ -139,9 +151,8 @@ def main(argv: Sequence[str] = ()) -> int:
         print(f"sanitize_cuda_ops: no case for csrc/cuda/{missing}: add one to CASES", file=sys.stderr)
         return 1
     import lantern
-    import lantern._C  # noqa: F401 (registers the lantern:: ops and their kernels)
 
-    no_kernel = [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key(f"lantern::{op}", "CUDA")]
+    no_kernel = missing_kernels(ops, "CUDA")
     if no_kernel:
         print(f"sanitize_cuda_ops: lantern._C has no CUDA kernel for {no_kernel} (rebuild with CUDA)",
               file=sys.stderr)
