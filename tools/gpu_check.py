@@ -68,18 +68,19 @@ class Step:
     needs_build: bool = True
 
 
-# Weights are estimates (no GPU run has timed the steps yet): the build compiles the CUDA sources in parallel
-# (MAX_JOBS = cores, one architecture); selfcheck and ops compile the Triton kernels' variants on a cold cache
-# (single-threaded, tens of seconds each), shared with the later steps through triton's cache.
+# Weights from the first H200 runs (2026-11-27, docs/gpu/): build 23-33 s, selfcheck 13-22 s, ops 46-50 s,
+# cost_curve 14-20 s, microbench 14-21 s, memcheck 13-17 s; e2e needed more than its 139 s for batch 8 with
+# CUDA graphs (each graph contender's first call compiles for 25-55 s) and sample more than 48 s. Triton's
+# cache is shared by the steps, so selfcheck and ops compile the kernels the later steps use.
 STEPS = (
-    Step("build", 5.0, 60.0, needs_build=False),
-    Step("selfcheck", 2.0, 20.0),
-    Step("ops", 2.0, 30.0),
-    Step("e2e", 2.5, 40.0),
-    Step("cost_curve", 1.2, 30.0),
-    Step("microbench", 1.0, 20.0),
-    Step("memcheck", 0.8, 20.0),
-    Step("sample", 0.8, 20.0),
+    Step("build", 2.0, 60.0, needs_build=False),
+    Step("selfcheck", 0.8, 20.0),
+    Step("ops", 1.2, 30.0),
+    Step("e2e", 4.0, 40.0),
+    Step("cost_curve", 0.6, 30.0),
+    Step("microbench", 0.6, 20.0),
+    Step("memcheck", 0.5, 20.0),
+    Step("sample", 1.2, 20.0),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 ERROR_LINE = re.compile(r"(Traceback|Error|error:|FAILED|failed|Exception|assert|Killed|Segmentation)")
