@@ -11,7 +11,8 @@ itself). The steps, most important first (tools/gpu_check_steps.py runs each in 
   ops          every CUDA and Triton op against the CPU kernels on a bounded, representative set of cases (one
                autotune configuration per Triton kernel: LANTERN_TRITON_CONFIGS=first)
   e2e          the tiny model on the GPU: greedy tokens equal the CPU path's; AR vs LANTERN vs SJD at batch 1 / 8 /
-               64, eager and CUDA graphs (torch.compile mode reduce-overhead), against compiled AR
+               64, eager and CUDA graphs (torch.compile mode reduce-overhead), against compiled AR; a profile of
+               one batch-1 LANTERN run with CUDA graphs (host ops, launches and kernels per step)
   cost_curve   LlamaGen GPT-B and GPT-XL shapes, random bf16 weights: the target's forward time over 1..64 tree
                nodes at batch 1, 8, 32 (CUDA graphs), and the speed-up it projects with the tiny model's tau
   microbench   each op at LlamaGen shapes: time and achieved bandwidth against the device's measured copy

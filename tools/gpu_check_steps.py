@@ -456,6 +456,45 @@ def _e2e_speed(r: Results, ctx: Context) -> None:
             base = times.get("ar graphs")
             if base:
                 r.put({k: round(base / t, 3) for k, t in times.items()}, "speedups", f"B={B}")
+            if B == 1 and key == "lantern graphs" and key in times and r.has_time("B=1 lantern graphs profile", 10.0):
+                with r.case("e2e B=1 lantern graphs profile"):
+                    _profile_generate(r, ctx, lambda: lantern.generate(gpt, labels, **options, **sampling, seed=99))
+
+
+PROFILE_TOP = 15
+
+
+def _profile_generate(r: Results, ctx: Context, generate: Callable) -> None:
+    """One ``generate`` under torch.profiler: per step, the aten op events on the host (nested ones included;
+    a replayed CUDA graph's ops are one cudaGraphLaunch), the kernels and graphs launched, and the ops and
+    kernels that took the most time; under ``profile/B=1 lantern graphs``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _, stats = generate()
+        ctx.sync()
+    steps = max(stats.steps, 1)
+    events = prof.key_averages()
+    count = {e.key: e.count for e in events}
+    launches = sum(n for name, n in count.items() if name in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+    aten = [e for e in events if e.key.startswith("aten::")]
+    device_time = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    kernels = [e for e in events if getattr(e, device_time, 0) > 0 and not e.key.startswith(("aten::", "lantern"))]
+    figures = dict(
+        steps=stats.steps,
+        aten_op_events_per_step=round(sum(e.count for e in aten) / steps, 1),
+        kernel_launches_per_step=round(launches / steps, 1),
+        graph_launches_per_step=round(count.get("cudaGraphLaunch", 0) / steps, 1),
+        syncs_per_step=round(sum(count.get(k, 0) for k in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                             "aten::_local_scalar_dense")) / steps, 1),
+        top_host_ops_us_per_step={e.key: round(e.self_cpu_time_total / steps, 1) for e in
+                                  sorted(aten, key=lambda e: -e.self_cpu_time_total)[:PROFILE_TOP]},
+        top_kernels_us_per_step={e.key[:80]: round(getattr(e, device_time) / steps, 1) for e in
+                                 sorted(kernels, key=lambda e: -getattr(e, device_time))[:PROFILE_TOP]},
+    )
+    r.put(figures, "profile", "B=1 lantern graphs")
+    r.check("e2e B=1 lantern graphs profiled", stats.steps > 0)
 
 
 def step_e2e(r: Results, ctx: Context) -> None:
