@@ -789,8 +789,11 @@ def sample_rank(work: str, out: str, rehearse: bool) -> int:
         from lantern.cli import main as lantern_main
 
         n = 2 if rehearse else 8
+        # --compile off: this step checks sampling under nccl. With the default (CUDA graphs on a GPU, each
+        # graph's first call 26-55 s in e2e on an H200) it ran past its 48 s there; e2e times the compiled loops
         code = lantern_main(["sample", out, "--num-images", str(n), "--batch", str(n), "--device", device.split(":")[0],
-                             "--fused", "auto", "--method", "lantern", "--no-progress", "--seed", "3"])
+                             "--fused", "auto", "--method", "lantern", "--no-progress", "--seed", "3",
+                             "--compile", "off"])
         images = len(os.listdir(os.path.join(out, "images"))) if os.path.isdir(os.path.join(out, "images")) else 0
         record.update(exit_status=code, images=images, npz=os.path.exists(os.path.join(out, "samples.npz")))
         count = torch.tensor([images], device=device)
