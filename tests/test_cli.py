@@ -401,3 +401,19 @@ def test_neighbours_out_writes_the_table(stub_codebook, tmp_path):
     codebook = torch.randn(24, 4, generator=torch.Generator().manual_seed(5))
     assert torch.equal(load_file(str(out))["neighbours"], ops.latent_neighbours(codebook, 4, normalize=True))
     assert stub_codebook == ["tiny"]
+
+
+@pytest.mark.parametrize("plan_steps, says_all_ar", [({"ar": 63}, True), ({"chain3": 20, "ar": 3}, False)])
+def test_the_printout_says_when_every_step_was_ar(capsys, plan_steps, says_all_ar):
+    """A run that tree auto made AR throughout prints that its speed-up vs AR compares AR with AR."""
+    import argparse
+
+    from lantern.cli import generate as generate_cli
+
+    figures = dict(images=10, tokens_per_image=64, wall_s=2.0, tokens_per_s=320.0, dtype="float32", tau=1.0,
+                   target_forwards=64, draft_forwards=0, batch=10, plan_steps=plan_steps, speedup_vs_ar=1.08,
+                   ar_compile="on (auto)", rounds=3, run_s=1.97, ar_s=2.13, ar_compile_s=0)
+    generate_cli._print_figures(figures, argparse.Namespace(method="lantern", device="cpu", out="samples.png"))
+    out = capsys.readouterr().out
+    assert "speed-up vs AR (compiled" in out
+    assert ("every step was AR" in out) == says_all_ar
