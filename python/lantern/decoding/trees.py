@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from .. import ops
 from ..guidance import guide
+from ..ops.reference.tree import pack_bits
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's sampling stream: another Philox key than verify's
 
@@ -69,15 +71,19 @@ class DraftScorer:
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x]) if self.guided else x
 
-    def score(self, tokens, parents, depth, parent_state, layout: Optional[Tuple[int, ...]] = None):
+    def score(self, tokens, parents, depth, parent_state, layout: Optional[Tuple[int, ...]] = None,
+              tree_mask: Optional[torch.Tensor] = None):
         """Partial tree below the root: tokens/parents/depth [B, T] (parents -1 = root) and the drafter
         state of each node's parent [rows, T, S] -> guided logits [B, T, V], node states [rows, T, S].
         layout: the parents as a tuple when every row's tree has that shape (known on the host), so that its
-        mask is made once per run."""
+        mask is made once per run; else tree_mask [B, T, W], the partial tree's mask if the caller has it."""
         positions = (self.positions_base[:, None] + depth).clamp(max=self.max_pos)
         mask = {}
-        if layout is not None and getattr(self.drafter, "accepts_tree_mask", False):
-            mask = dict(tree_mask=partial_mask(layout, parent_state.shape[0], parents.device))
+        if getattr(self.drafter, "accepts_tree_mask", False):
+            if layout is not None:
+                mask = dict(tree_mask=partial_mask(layout, parent_state.shape[0], parents.device))
+            elif tree_mask is not None:
+                mask = dict(tree_mask=self.rows(tree_mask))
         logits, state = self.drafter.expand(self.rows(tokens), self.rows(parents), parent_state,
                                             self.rows(positions), **mask)
         self.forwards += 1
@@ -98,6 +104,29 @@ def partial_mask(parents: Tuple[int, ...], rows: int, device: torch.device) -> t
         mask = partial_tree_mask(torch.tensor(parents, device=device).expand(rows, -1))
         _PARTIAL_MASKS[key] = mask
     return mask
+
+
+_OWN_BITS: dict = {}  # (T, device) -> [T, ceil(T/32)] int32, node i's own bit
+
+
+def _own_bits(T: int, device: torch.device) -> torch.Tensor:
+    key = (T, device)
+    if key not in _OWN_BITS:
+        _OWN_BITS[key] = pack_bits(torch.eye(T, dtype=torch.bool, device=device))
+    return _OWN_BITS[key]
+
+
+def grow_partial_mask(mask: torch.Tensor, new_parents: torch.Tensor) -> torch.Tensor:
+    """``partial_tree_mask`` of a partial tree grown by a level: mask [B, T, W] the tree's so far, new_parents
+    [B, n] the new nodes' parents (indices < T) -> [B, T + n, ceil((T + n)/32)]. A new node sees itself and
+    what its parent sees: a few ops a level, where the closure over the whole tree takes dozens."""
+    B, T, W = mask.shape
+    T_new = T + new_parents.shape[1]
+    W_new = (T_new + 31) // 32
+    if W_new > W:
+        mask = F.pad(mask, (0, W_new - W))
+    seen = mask.gather(1, new_parents[..., None].expand(B, -1, W_new))  # [B, n, W_new]
+    return torch.cat([mask, seen | _own_bits(T_new, mask.device)[T:]], 1)
 
 
 def _gather_state(root_state, node_state, parents):
@@ -247,11 +276,12 @@ def grow_dynamic(scorer: DraftScorer, root_tok, root_logits, root_state, depth: 
     # the partial tree = the beams of all depths so far; partial index of each beam node
     tree_tokens, tree_parents, tree_depth = toks, torch.full((B, k), -1, device=dev), \
         torch.ones(B, k, dtype=torch.int64, device=dev)
+    tree_mask = _own_bits(k, dev).expand(B, k, -1).contiguous()  # [B, T, W] the partial tree's mask
     node_state = None
     n_cand = k
     for d in range(1, depth):
         parent_state = _gather_state(root_state, node_state, scorer.rows(tree_parents))
-        logits, node_state = scorer.score(tree_tokens, tree_parents, tree_depth, parent_state)
+        logits, node_state = scorer.score(tree_tokens, tree_parents, tree_depth, parent_state, tree_mask=tree_mask)
         beam_logp = torch.log_softmax(logits[:, -k:], -1)  # [B, k, V] the newest beam level
         child_scores, child_toks = (beam_scores[..., None] + beam_logp).topk(k, dim=-1)  # [B, k, k]
         flat_scores, flat_toks = child_scores.reshape(B, k * k), child_toks.reshape(B, k * k)
@@ -267,6 +297,8 @@ def grow_dynamic(scorer: DraftScorer, root_tok, root_logits, root_state, depth: 
         tree_tokens = torch.cat([tree_tokens, flat_toks.gather(1, pick)], 1)
         tree_parents = torch.cat([tree_parents, beam_parent_partial], 1)
         tree_depth = torch.cat([tree_depth, torch.full((B, k), d + 1, device=dev)], 1)
+        if d + 1 < depth:  # the last level is not scored
+            tree_mask = grow_partial_mask(tree_mask, beam_parent_partial)
     tokens, parents = ops.build_tree(torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1),
                                      torch.cat(cand_scores, 1), root_tok, min(n_nodes, n_cand))
     return Tree(tokens, parents, _depths(parents), None, scorer.forwards)

@@ -1,0 +1,60 @@
+"""Draft-tree growth helpers (python/lantern/decoding/trees.py) against their readable definitions."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import lantern
+from lantern.decoding.trees import _own_bits, grow_partial_mask
+from lantern.models.drafter import partial_tree_mask
+
+
+@pytest.mark.parametrize("B, k, levels", list(itertools.product((1, 3), (1, 4, 10, 17), (2, 4, 6))))
+def test_grown_partial_mask_is_the_closure_of_the_grown_tree(B, k, levels):
+    """Level by level, as grow_dynamic grows its beams (each new node's parent in the level before), the
+    incremental mask equals partial_tree_mask of the whole partial tree, across word boundaries (k = 17,
+    6 levels: 102 nodes, 4 words)."""
+    g = torch.Generator().manual_seed(B * 1000 + k * 10 + levels)
+    parents = torch.full((B, k), -1)
+    mask = _own_bits(k, torch.device("cpu")).expand(B, k, -1).contiguous()
+    assert torch.equal(mask, partial_tree_mask(parents))
+    for d in range(1, levels):
+        new = (d - 1) * k + torch.randint(0, k, (B, k), generator=g)
+        mask = grow_partial_mask(mask, new)
+        parents = torch.cat([parents, new], 1)
+        assert torch.equal(mask, partial_tree_mask(parents)), d
+
+
+def test_grown_mask_differs_when_a_parent_is_wrong():
+    """Negative control: the comparison above sees a node attached to another parent."""
+    parents = torch.full((1, 4), -1)
+    first = _own_bits(4, torch.device("cpu")).expand(1, 4, -1).contiguous()
+    mask = grow_partial_mask(first, torch.tensor([[0, 1, 2, 3]]))
+    wrong = torch.cat([parents, torch.tensor([[0, 1, 3, 2]])], 1)
+    assert not torch.equal(mask, partial_tree_mask(wrong))
+
+
+def test_dynamic_tree_drafts_pass_the_grown_mask_to_the_drafter(monkeypatch):
+    """grow_dynamic hands the drafter the incremental mask (else the drafter would rebuild the closure each
+    level), and the drafter's masks equal the closure of the trees it was given."""
+    import tiny_random_models
+    from lantern.models import drafter as drafter_module
+
+    target, drafter = tiny_random_models.small_models(dtype=torch.float64)
+    seen = []
+    expand = type(drafter).expand
+
+    def checked_expand(self, tokens, parents, parent_state, positions, tree_mask=None):
+        seen.append(tree_mask is not None and torch.equal(tree_mask, partial_tree_mask(parents)))
+        return expand(self, tokens, parents, parent_state, positions, tree_mask=tree_mask)
+
+    monkeypatch.setattr(type(drafter), "expand", checked_expand)
+    closures = []
+    monkeypatch.setattr(drafter_module, "partial_tree_mask",
+                        lambda parents: closures.append(1) or partial_tree_mask(parents))
+    lantern.generate(target, torch.tensor([1, 2]), method="spec", drafter=drafter, tree="dynamic", depth=4, n_nodes=8,
+                     top_per_node=3, seed=0, compile=False, length=6)
+    assert seen and all(seen)
+    assert not closures  # the drafter never rebuilt a mask
