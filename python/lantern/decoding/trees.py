@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..guidance import guide
-from ..ops.reference.tree import pack_bits
+from ..ops.tree_attention_op import _mask_words
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's sampling stream: another Philox key than verify's
 
@@ -106,14 +106,9 @@ def partial_mask(parents: Tuple[int, ...], rows: int, device: torch.device) -> t
     return mask
 
 
-_OWN_BITS: dict = {}  # (T, device) -> [T, ceil(T/32)] int32, node i's own bit
-
-
 def _own_bits(T: int, device: torch.device) -> torch.Tensor:
-    key = (T, device)
-    if key not in _OWN_BITS:
-        _OWN_BITS[key] = pack_bits(torch.eye(T, dtype=torch.bool, device=device))
-    return _OWN_BITS[key]
+    """[T, ceil(T/32)] int32: node i's own bit in its packed row (tree_attention's cache of them)."""
+    return _mask_words(T, device)[0]
 
 
 def grow_partial_mask(mask: torch.Tensor, new_parents: torch.Tensor) -> torch.Tensor:
