@@ -109,11 +109,12 @@ def missing_cases(ops: List[str]) -> List[str]:
 
 
 def missing_kernels(ops: List[str], dispatch_key: str) -> List[str]:
-    """The ops lantern._C has registered no ``dispatch_key`` kernel for. Importing ``lantern.ops.extension``
-    registers them (lantern._C only records its kernels when it loads)."""
-    from lantern.ops import extension  # noqa: F401
+    """The ops lantern._C has registered no ``dispatch_key`` kernel for (``lantern.ops.extension`` registers
+    them when it is imported; lantern._C only records its kernels when it loads)."""
+    from lantern.ops import extension
 
-    return [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key(f"lantern::{op}", dispatch_key)]
+    found = extension.implementations(dispatch_key)
+    return [op for op in ops if op not in found]
 
 
 def rehearse() -> int:
