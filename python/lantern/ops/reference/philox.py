@@ -23,8 +23,10 @@ def _mul_hi_lo(a: int, b: torch.Tensor):
     a_hi, a_lo = a >> 16, a & 0xFFFF
     x = a_hi * b  # < 2^48
     y = a_lo * b  # < 2^48
-    hi = (x + (y >> 16)) >> 16
-    lo = ((x << 16) + y) & MASK32
+    # in place on the new products: the words are large (every draw of a batch), and each new tensor costs
+    # more than the arithmetic
+    hi = (y >> 16).add_(x).bitwise_right_shift_(16)  # (x + (y >> 16)) >> 16
+    lo = x.bitwise_left_shift_(16).add_(y).bitwise_and_(MASK32)  # ((x << 16) + y) & MASK32
     return hi, lo
 
 
@@ -40,7 +42,7 @@ def philox_word0(seed: IntLike, c0: IntLike, c1: IntLike, c2: IntLike, c3: IntLi
     for _ in range(10):
         hi_b, lo_b = _mul_hi_lo(ROUND_B, c2)
         hi_a, lo_a = _mul_hi_lo(ROUND_A, c0)
-        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        c0, c1, c2, c3 = hi_b.bitwise_xor_(c1).bitwise_xor_(k0), lo_b, hi_a.bitwise_xor_(c3).bitwise_xor_(k1), lo_a
         k0, k1 = (k0 + KEY_A) & MASK32, (k1 + KEY_B) & MASK32
     return c0
 
