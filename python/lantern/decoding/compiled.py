@@ -28,7 +28,6 @@ from typing import Dict, NamedTuple, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch._dynamo.utils import counters
 
 from ..ops.reference.tree import pack_bits
 
@@ -141,6 +140,8 @@ class _Compiled:
             with stance:
                 out = self.fn(*args)
             return tuple(o.clone() for o in out) if self.cuda_graphs else out
+        from torch._dynamo.utils import counters  # here, not at import: dynamo takes ~1.3 s to import
+
         self._sync()
         graphs = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
