@@ -11,7 +11,9 @@ tree kind (false-failure rate <= 1e-6 per assertion, see tests/stats/gtest.py):
 Position 2 is not tested here: too few (x0, x1) prefixes repeat in ROWS draws for a conditional test of x2
 to have power (it did not reject the negative control below); tests/decoding/test_spec_statistics.py tests
 whole (x0, x1) trees on a small model and tests/stats tests every tree depth of verify itself.
-The exact laws come from ``forward_full`` (no cache, no drafter). Negative control: both tests reject, by a
+The exact laws come from ``forward_full`` (no cache, no drafter). The loop runs on the cpu kernels
+(``lantern.fused("cpu")``, what ``enable_fused()`` picks on a CPU), which draw exactly what the reference ops draw
+(tests/ops); on the reference ops these runs took twice as long. Negative control: both tests reject, by a
 wide margin, a loop that verifies its trees without guidance (measured on the earlier 4-layer model: G = 873 on
 116 df, threshold 213).
 Subtler bugs are too small to see here with ROWS draws: a wrong residual (this drafter is close to the
@@ -23,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 
+import lantern
 from lantern import ops
 from lantern.decoding import SpecConfig, generate_spec
 from stats.gtest import assert_fails_widely, assert_fits, g_test
@@ -52,8 +55,9 @@ def next_token_law(target, prefixes: torch.Tensor, cfg_scale: float) -> torch.Te
 
 def first_tokens(tiny, config, seed=0):
     target, drafter, cfg_scale = tiny
-    out, _ = generate_spec(target, drafter, torch.full((ROWS,), LABEL), config=config, cfg_scale=cfg_scale,
-                           seed=seed, length=LENGTH)
+    with lantern.fused("cpu"):
+        out, _ = generate_spec(target, drafter, torch.full((ROWS,), LABEL), config=config, cfg_scale=cfg_scale,
+                               seed=seed, length=LENGTH)
     return out  # [ROWS, 3]
 
 
