@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lantern
-from lantern.decoding.trees import _own_bits, grow_partial_mask
+from lantern.decoding.trees import _own_bits, depths_from_mask, grow_partial_mask
 from lantern.models.drafter import partial_tree_mask
 
 
@@ -58,3 +58,33 @@ def test_dynamic_tree_drafts_pass_the_grown_mask_to_the_drafter(monkeypatch):
                      top_per_node=3, seed=0, compile=False, length=6)
     assert seen and all(seen)
     assert not closures  # the drafter never rebuilt a mask
+
+
+def walked_depths(parents: torch.Tensor) -> torch.Tensor:
+    """[B, T] depth of each node by walking its parents one by one (root and padding 0)."""
+    depth = torch.zeros_like(parents)
+    for b, i in itertools.product(range(parents.shape[0]), range(parents.shape[1])):
+        j = int(parents[b, i])
+        while j >= 0:
+            depth[b, i] += 1
+            j = int(parents[b, j])
+    return depth
+
+
+@pytest.mark.parametrize("T", [1, 2, 16, 31, 32, 33, 70])
+@pytest.mark.parametrize("chain_rate", [0.0, 0.9])
+def test_depths_from_the_mask_are_the_walked_depths(T, chain_rate):
+    """Padding nodes (parent -1) included; T past 32 spans several mask words; deep chains past one word."""
+    import numpy as np
+
+    from op_cases import random_tree
+
+    rng = np.random.default_rng(T)
+    parents = torch.as_tensor(np.stack([random_tree(rng, T, pad_rate=0.2, chain_rate=chain_rate) for _ in range(6)]))
+    want = walked_depths(parents)
+    assert torch.equal(depths_from_mask(lantern.ops.ancestor_mask(parents), T), want)
+    if T > 2:  # a negative control: one parent moved changes the depths
+        moved = parents.clone()
+        moved[:, -1] = -1 if int(parents[0, -1]) >= 0 and want[0, -1] > 0 else 0
+        assert not torch.equal(depths_from_mask(lantern.ops.ancestor_mask(moved), T), want)
+

@@ -149,7 +149,7 @@ class DrafterProposer:
         scorer.forwards = 1
         root_logits = scorer.guide(root_logits, n_done)
         tree = self.grow[plan.kind](state, scorer, state.roots(), root_logits, root_state, plan, step)
-        return Proposal(tree.tokens, tree.parents, tree.depth, tree.draft_probs,
+        return Proposal(tree.tokens, tree.parents, draft_probs=tree.draft_probs,
                         **state.tree_inputs(tree.parents, tree.depth, tree.layout),
                         broken=nonfinite_logits(root_logits), draft_forwards=tree.draft_forwards, layout=tree.layout)
 
@@ -205,7 +205,8 @@ class JacobiProposer:
         parents = torch.arange(-1, W, device=state.device).expand(B, W + 1)
         depth = torch.arange(W + 1, device=state.device).expand(B, W + 1)
         layout = tuple(range(-1, W))
-        return Proposal(tokens, parents, depth, draft_probs, **state.tree_inputs(parents, depth, layout), layout=layout)
+        return Proposal(tokens, parents, draft_probs=draft_probs, **state.tree_inputs(parents, depth, layout),
+                        layout=layout)
 
     def observe(self, state: DecodeState, plan: Plan, outcome: Outcome, step: int) -> None:
         s, B, W = state.s, state.B, plan.depth

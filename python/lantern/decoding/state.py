@@ -24,7 +24,7 @@ from .ar import condition_masks, nonfinite_logits, sample_next
 from .compiled import CompiledRun, compiled_target, pad_room
 from .config import Sampling
 from .plans import Plan
-from .trees import unguided_past_interval
+from .trees import depths_from_mask, unguided_past_interval
 
 
 @dataclass(frozen=True)
@@ -219,18 +219,22 @@ class DecodeState:
         """[B] each row's last committed token."""
         return self.out.gather(1, (self.n_done - 1).clamp(max=self.L - 1)[:, None]).squeeze(1)
 
-    def tree_inputs(self, parents: torch.Tensor, depth: torch.Tensor, layout: Optional[tuple] = None) -> dict:
-        """A tree's forward layout: positions [B, T] (each node's raster index, clamped inside the image) and
-        tree_mask (packed ancestor bits), for ``Proposal``. layout: every row's parents as a tuple when the
-        tree's shape is fixed (chain, static tree): its mask is made once per run."""
-        positions = ((self.n_done - 1)[:, None] + depth).clamp(max=self.L - 1)
+    def tree_inputs(self, parents: torch.Tensor, depth: Optional[torch.Tensor], layout: Optional[tuple] = None) -> dict:
+        """A tree's forward layout for ``Proposal``: depth [B, T] (None: each node's ancestor count, from the
+        mask), positions [B, T] (each node's raster index, clamped inside the image) and tree_mask (packed
+        ancestor bits). layout: every row's parents as a tuple when the tree's shape is fixed (chain, static
+        tree): its mask is made once per run."""
         backend = self.backends["ancestor_mask"]
         if layout is None:
-            return dict(positions=positions, tree_mask=ops.ancestor_mask(parents, backend=backend))
-        mask = self._layout_masks.get(layout)
-        if mask is None:
-            mask = self._layout_masks[layout] = ops.ancestor_mask(parents, backend=backend)
-        return dict(positions=positions, tree_mask=mask)
+            mask = ops.ancestor_mask(parents, backend=backend)
+        else:
+            mask = self._layout_masks.get(layout)
+            if mask is None:
+                mask = self._layout_masks[layout] = ops.ancestor_mask(parents, backend=backend)
+        if depth is None:
+            depth = depths_from_mask(mask, parents.shape[1])
+        positions = ((self.n_done - 1)[:, None] + depth).clamp(max=self.L - 1)
+        return dict(depth=depth, positions=positions, tree_mask=mask)
 
     def step(self, plan: Plan, step: int):
         """One step of ``plan``: propose, one target forward, verify, commit, observe.

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..guidance import guide
+from ..ops.reference.tree import unpack_bits
 from ..ops.tree_attention_op import _mask_words
 
 DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's sampling stream: another Philox key than verify's
@@ -25,7 +26,7 @@ DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's sampling stream: another Philox k
 class Tree:
     tokens: torch.Tensor  # [B, T] int64
     parents: torch.Tensor  # [B, T] int64
-    depth: torch.Tensor  # [B, T] int64 (root 0)
+    depth: Optional[torch.Tensor]  # [B, T] int64 (root 0); None: counted from the ancestor mask (``tree_inputs``)
     draft_probs: Optional[torch.Tensor]  # [B, T, V] (sampled drafts) or None (deterministic)
     draft_forwards: int
     layout: Optional[Tuple[int, ...]] = None  # the parents of every row, when the shape is fixed (chain, static)
@@ -132,6 +133,12 @@ def _gather_state(root_state, node_state, parents):
         return root
     idx = parents.clamp(min=0)[..., None].expand(R, T, node_state.shape[-1])
     return torch.where((parents >= 0)[..., None], node_state.gather(1, idx), root)
+
+
+def depths_from_mask(mask: torch.Tensor, T: int) -> torch.Tensor:
+    """mask [B, T, W] packed ancestor bits (``ops.ancestor_mask``) -> [B, T] int64 each node's depth (root 0,
+    padding 0): its ancestors, the bits of its row but its own."""
+    return unpack_bits(mask, T).sum(-1) - 1
 
 
 def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids: torch.Tensor, offset: int,
@@ -296,15 +303,4 @@ def grow_dynamic(scorer: DraftScorer, root_tok, root_logits, root_state, depth: 
             tree_mask = grow_partial_mask(tree_mask, beam_parent_partial)
     tokens, parents = ops.build_tree(torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1),
                                      torch.cat(cand_scores, 1), root_tok, min(n_nodes, n_cand))
-    return Tree(tokens, parents, _depths(parents), None, scorer.forwards)
-
-
-def _depths(parents: torch.Tensor) -> torch.Tensor:
-    """[B, T] depth of every node (root 0) by pointer jumping: log2(T) vectorised steps."""
-    B, T = parents.shape
-    depth = (parents >= 0).to(torch.int64)
-    hop = parents.clamp(min=0)
-    for _ in range(max(1, (T - 1).bit_length())):
-        depth = depth + torch.where(hop > 0, depth.gather(1, hop), 0)
-        hop = torch.where(hop > 0, hop.gather(1, hop), hop)
-    return depth
+    return Tree(tokens, parents, None, None, scorer.forwards)  # depth: the mask's bit counts, a few ops
