@@ -141,6 +141,7 @@ def test_relative_imports_resolve(module, is_package, level, target, expected):
 
 
 
+@pytest.mark.slow  # a process of its own: ~2 s
 def test_importing_lantern_leaves_the_compiler_unimported():
     """``import lantern`` and ``lantern --help`` do not import torch._dynamo or inductor (dynamo alone took 1.3 s
     here, more than lantern's own import): every CLI process pays for what the package imports."""
