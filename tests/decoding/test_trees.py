@@ -7,7 +7,13 @@ import pytest
 import torch
 
 import lantern
-from lantern.decoding.trees import _own_bits, depths_from_mask, grow_partial_mask
+from lantern.decoding.trees import (
+    _own_bits,
+    depths_from_mask,
+    draft_exponentials,
+    grow_partial_mask,
+    sample_without_replacement,
+)
 from lantern.models.drafter import partial_tree_mask
 
 
@@ -87,4 +93,23 @@ def test_depths_from_the_mask_are_the_walked_depths(T, chain_rate):
         moved = parents.clone()
         moved[:, -1] = -1 if int(parents[0, -1]) >= 0 and want[0, -1] > 0 else 0
         assert not torch.equal(depths_from_mask(lantern.ops.ancestor_mask(moved), T), want)
+
+
+def test_a_trees_exponentials_drawn_at_once_are_each_levels_own():
+    """A tree's exponential keys made in one call, sliced per level, draw what each level's own call draws;
+    another offset's do not (negative control)."""
+    B, N, V, seed, offset = 3, 5, 40, 11, 7
+    rows = torch.tensor([4, 0, 9])
+    probs = torch.softmax(torch.randn(B, N, V, generator=torch.Generator().manual_seed(0)), -1)
+    probs[:, :, :3] = 0  # impossible tokens are never drawn
+    node_ids = torch.arange(N).expand(B, -1)
+    at_once = draft_exponentials(seed, V, node_ids, offset, rows)  # [B, N, V]
+    for level in (slice(0, 1), slice(1, 3), slice(3, 5)):
+        own = sample_without_replacement(probs[:, level], 3, seed, node_ids[:, level], offset, rows)
+        given = sample_without_replacement(probs[:, level], 3, seed, node_ids[:, level], offset, rows,
+                                           at_once[:, level])
+        assert torch.equal(own, given) and bool((own >= 3).all())
+    other = draft_exponentials(seed, V, node_ids, offset + 1, rows)
+    assert not torch.equal(sample_without_replacement(probs, 3, seed, node_ids, offset, rows, other),
+                           sample_without_replacement(probs, 3, seed, node_ids, offset, rows))
 

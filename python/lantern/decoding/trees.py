@@ -141,17 +141,26 @@ def depths_from_mask(mask: torch.Tensor, T: int) -> torch.Tensor:
     return unpack_bits(mask, T).sum(-1) - 1
 
 
-def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids: torch.Tensor, offset: int,
-                               rows: Optional[torch.Tensor] = None):
-    """m draws without replacement from probs [B, N, V] (rows of node_ids [B, N]) by exponential keys on
-    the drafter's own Philox stream, counter (token, node id, row key, offset) with row keys ``rows`` [B]
-    (default b): the m smallest E_i / q_i -> tokens [B, N, m]."""
-    B, N, V = probs.shape
-    dev = probs.device
+def draft_exponentials(seed: int, V: int, node_ids: torch.Tensor, offset: int,
+                       rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 [B, N, V]: the Exp(1) variate E = -log1p(-u) of each (row, node, token) on the drafter's own
+    Philox stream, counter (token, node id, row key, offset) with row keys ``rows`` [B] (default b) and node
+    ids ``node_ids`` [B, N]. A tree's draws take them all at once, before its levels are drafted."""
+    B, dev = node_ids.shape[0], node_ids.device
     row_keys = torch.arange(B, device=dev) if rows is None else rows
     u = ops.philox_uniform(seed ^ DRAFT_SEED_SALT, torch.arange(V, device=dev)[None, None, :],
                            node_ids[..., None], row_keys[:, None, None], offset)
-    keys = torch.where(probs > 0, -torch.log1p(-u) / probs, float("inf"))
+    return -torch.log1p(-u)
+
+
+def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids: torch.Tensor, offset: int,
+                               rows: Optional[torch.Tensor] = None, exponentials: Optional[torch.Tensor] = None):
+    """m draws without replacement from probs [B, N, V] (rows of node_ids [B, N]) by exponential keys
+    (``draft_exponentials``; given as ``exponentials`` [B, N, V] when the caller made them already): the m
+    smallest E_i / q_i -> tokens [B, N, m]."""
+    if exponentials is None:
+        exponentials = draft_exponentials(seed, probs.shape[-1], node_ids, offset, rows)
+    keys = torch.where(probs > 0, exponentials / probs, float("inf"))
     return keys.topk(m, dim=-1, largest=False).indices
 
 
@@ -165,12 +174,14 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
     drafts = []  # [B] each
     all_parents = torch.arange(-1, depth - 1, device=dev).expand(B, -1)  # [B, depth] the drafts' partial tree
     all_depths = torch.arange(1, depth + 1, device=dev).expand(B, -1)
-    node_keys = torch.arange(depth, device=dev)  # draft d's Philox node id
+    node_keys = torch.arange(depth, device=dev).expand(B, -1)  # [B, depth] draft d's Philox node id d
+    if sampled:
+        exponentials = draft_exponentials(seed, root_logits.shape[-1], node_keys, offset, rows)  # [B, depth, V]
     for d in range(depth):
         q = process(logits)  # [B, V]
         if sampled:
-            keys = node_keys[d].expand(B, 1)
-            tok = sample_without_replacement(q[:, None], 1, seed, keys, offset, rows)[:, 0, 0]
+            tok = sample_without_replacement(q[:, None], 1, seed, node_keys[:, d: d + 1], offset, rows,
+                                             exponentials[:, d: d + 1])[:, 0, 0]
         else:
             tok = logits.argmax(-1)
         probs.append(q)
@@ -246,12 +257,16 @@ def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: L
     level_logits = root_logits[:, None]  # [B, n, V] logits of the nodes of the current depth
     node_state = None
     n_levels = len(layout.levels)
+    n_inner = layout.levels[-2][-1] + 1  # the nodes with children: every level's but the last (BFS order)
+    node_ids = torch.arange(n_inner, device=dev).expand(B, -1)
+    exponentials = draft_exponentials(seed, V, node_ids, offset, rows)  # [B, n_inner, V]
     for d in range(n_levels - 1):
         level, kids = layout.levels[d], layout.levels[d + 1]
-        level_ids = torch.tensor(level, device=dev)
+        here = slice(level[0], level[-1] + 1)  # a level's nodes are contiguous (BFS order)
         q = process(level_logits)  # [B, n, V]
-        draft_probs[:, level[0]: level[-1] + 1] = q  # a level's nodes are contiguous (BFS order)
-        draws = sample_without_replacement(q, layout.draws[d], seed, level_ids.expand(B, -1), offset, rows)  # [B, n, m]
+        draft_probs[:, here] = q
+        draws = sample_without_replacement(q, layout.draws[d], seed, node_ids[:, here], offset, rows,
+                                           exponentials[:, here])  # [B, n, m]
         tokens[:, kids[0]: kids[-1] + 1] = draws[:, torch.tensor(layout.kid_slot[d], device=dev),
                                                  torch.tensor(layout.kid_rank[d], device=dev)]
         if d + 2 < n_levels:
