@@ -188,7 +188,9 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
         drafts.append(tok)
         if d + 1 < depth:
             chain_tokens, chain_parents = torch.stack(drafts, 1), all_parents[:, : d + 1]  # [B, d + 1]
-            parent_state = _gather_state(root_state, node_state, scorer.rows(chain_parents))
+            # node i's parent is node i - 1 (the root for node 0): the root's state, then the chain's so far
+            root = root_state[:, None]  # [rows, 1, S]
+            parent_state = root if node_state is None else torch.cat([root, node_state], 1)  # [rows, d + 1, S]
             all_logits, node_state = scorer.score(chain_tokens, chain_parents, all_depths[:, : d + 1], parent_state,
                                                   layout=tuple(range(-1, d)))
             logits = all_logits[:, -1]
