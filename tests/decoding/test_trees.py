@@ -11,6 +11,7 @@ from lantern.decoding.trees import (
     _own_bits,
     depths_from_mask,
     draft_exponentials,
+    draw_without_replacement,
     grow_partial_mask,
     sample_without_replacement,
 )
@@ -106,10 +107,9 @@ def test_a_trees_exponentials_drawn_at_once_are_each_levels_own():
     at_once = draft_exponentials(seed, V, node_ids, offset, rows)  # [B, N, V]
     for level in (slice(0, 1), slice(1, 3), slice(3, 5)):
         own = sample_without_replacement(probs[:, level], 3, seed, node_ids[:, level], offset, rows)
-        given = sample_without_replacement(probs[:, level], 3, seed, node_ids[:, level], offset, rows,
-                                           at_once[:, level])
+        given = draw_without_replacement(probs[:, level], 3, at_once[:, level])
         assert torch.equal(own, given) and bool((own >= 3).all())
     other = draft_exponentials(seed, V, node_ids, offset + 1, rows)
-    assert not torch.equal(sample_without_replacement(probs, 3, seed, node_ids, offset, rows, other),
+    assert not torch.equal(draw_without_replacement(probs, 3, other),
                            sample_without_replacement(probs, 3, seed, node_ids, offset, rows))
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..guidance import guide
+from ..ops.reference.philox import exponential_key
 from ..ops.reference.tree import unpack_bits
 from ..ops.tree_attention_op import _mask_words
 
@@ -143,45 +144,47 @@ def depths_from_mask(mask: torch.Tensor, T: int) -> torch.Tensor:
 
 def draft_exponentials(seed: int, V: int, node_ids: torch.Tensor, offset: int,
                        rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """float32 [B, N, V]: the Exp(1) variate E = -log1p(-u) of each (row, node, token) on the drafter's own
-    Philox stream, counter (token, node id, row key, offset) with row keys ``rows`` [B] (default b) and node
-    ids ``node_ids`` [B, N]. A tree's draws take them all at once, before its levels are drafted."""
+    """float32 [B, N, V]: the Exp(1) variate of each (row, node, token) on the drafter's own Philox stream,
+    counter (token, node id, row key, offset) with row keys ``rows`` [B] (default b) and node ids
+    ``node_ids`` [B, N]. A tree's draws take them all at once, before its levels are drafted."""
     B, dev = node_ids.shape[0], node_ids.device
     row_keys = torch.arange(B, device=dev) if rows is None else rows
     u = ops.philox_uniform(seed ^ DRAFT_SEED_SALT, torch.arange(V, device=dev)[None, None, :],
                            node_ids[..., None], row_keys[:, None, None], offset)
-    return -torch.log1p(-u)
+    return exponential_key(u)
+
+
+def draw_without_replacement(probs: torch.Tensor, m: int, exponentials: torch.Tensor) -> torch.Tensor:
+    """m draws without replacement from probs [B, N, V] by the exponential keys ``exponentials`` [B, N, V]
+    (``draft_exponentials``): the m smallest E_i / q_i -> tokens [B, N, m]."""
+    keys = torch.where(probs > 0, exponentials / probs, float("inf"))
+    return keys.topk(m, dim=-1, largest=False).indices
 
 
 def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids: torch.Tensor, offset: int,
-                               rows: Optional[torch.Tensor] = None, exponentials: Optional[torch.Tensor] = None):
-    """m draws without replacement from probs [B, N, V] (rows of node_ids [B, N]) by exponential keys
-    (``draft_exponentials``; given as ``exponentials`` [B, N, V] when the caller made them already): the m
-    smallest E_i / q_i -> tokens [B, N, m]."""
-    if exponentials is None:
-        exponentials = draft_exponentials(seed, probs.shape[-1], node_ids, offset, rows)
-    keys = torch.where(probs > 0, exponentials / probs, float("inf"))
-    return keys.topk(m, dim=-1, largest=False).indices
+                               rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``draw_without_replacement`` of probs [B, N, V] (rows of node_ids [B, N]) by their own exponential keys
+    (``draft_exponentials``) -> tokens [B, N, m]."""
+    return draw_without_replacement(probs, m, draft_exponentials(seed, probs.shape[-1], node_ids, offset, rows))
 
 
 def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: int, sampled: bool,
                process: Callable, seed: int, offset: int, rows: Optional[torch.Tensor] = None) -> Tree:
     """A chain of `depth` drafts: top-1 (deterministic) or one draw from the processed draft distribution
-    (keyed by the row keys ``rows`` [B], default b: ``sample_without_replacement``)."""
+    (keyed by the row keys ``rows`` [B], default b: ``draft_exponentials``)."""
     B, dev = root_tok.shape[0], root_tok.device
     probs = []  # node d's draft distribution (its child was drawn from it)
     logits, node_state = root_logits, None  # [B, V] guided
     drafts = []  # [B] each
     all_parents = torch.arange(-1, depth - 1, device=dev).expand(B, -1)  # [B, depth] the drafts' partial tree
     all_depths = torch.arange(1, depth + 1, device=dev).expand(B, -1)
-    node_keys = torch.arange(depth, device=dev).expand(B, -1)  # [B, depth] draft d's Philox node id d
-    if sampled:
-        exponentials = draft_exponentials(seed, root_logits.shape[-1], node_keys, offset, rows)  # [B, depth, V]
+    if sampled:  # draft d's Philox node id is d
+        node_ids = torch.arange(depth, device=dev).expand(B, -1)
+        exponentials = draft_exponentials(seed, root_logits.shape[-1], node_ids, offset, rows)  # [B, depth, V]
     for d in range(depth):
         q = process(logits)  # [B, V]
         if sampled:
-            tok = sample_without_replacement(q[:, None], 1, seed, node_keys[:, d: d + 1], offset, rows,
-                                             exponentials[:, d: d + 1])[:, 0, 0]
+            tok = draw_without_replacement(q[:, None], 1, exponentials[:, d: d + 1])[:, 0, 0]
         else:
             tok = logits.argmax(-1)
         probs.append(q)
@@ -260,15 +263,14 @@ def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: L
     node_state = None
     n_levels = len(layout.levels)
     n_inner = layout.levels[-2][-1] + 1  # the nodes with children: every level's but the last (BFS order)
-    node_ids = torch.arange(n_inner, device=dev).expand(B, -1)
+    node_ids = torch.arange(n_inner, device=dev).expand(B, -1)  # a node's Philox node id is its index
     exponentials = draft_exponentials(seed, V, node_ids, offset, rows)  # [B, n_inner, V]
     for d in range(n_levels - 1):
         level, kids = layout.levels[d], layout.levels[d + 1]
         here = slice(level[0], level[-1] + 1)  # a level's nodes are contiguous (BFS order)
         q = process(level_logits)  # [B, n, V]
         draft_probs[:, here] = q
-        draws = sample_without_replacement(q, layout.draws[d], seed, node_ids[:, here], offset, rows,
-                                           exponentials[:, here])  # [B, n, m]
+        draws = draw_without_replacement(q, layout.draws[d], exponentials[:, here])  # [B, n, m]
         tokens[:, kids[0]: kids[-1] + 1] = draws[:, torch.tensor(layout.kid_slot[d], device=dev),
                                                  torch.tensor(layout.kid_rank[d], device=dev)]
         if d + 2 < n_levels:
