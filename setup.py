@@ -75,6 +75,9 @@ def _write_build_info(line):
     os.replace(path + ".tmp", path)
 
 
+OPENMP = ("-fopenmp",) if sys.platform.startswith("linux") else ()  # macOS clang has no -fopenmp
+
+
 def extension():
     with_cuda, why = _with_cuda()
     # torch 2.14's headers require C++20, which torch.utils.cpp_extension passes by default; the torch-free
@@ -88,7 +91,10 @@ def extension():
         # a * b + c by default wherever FMA is available, e.g. in target_clones variants). -g0: Python's CFLAGS
         # carry -g, and debug information for torch's headers is most of each object file (verify.cpp: 7.2 MB
         # with it, 0.26 MB without) and a quarter of its compile time.
-        extra_compile_args={"cxx": ["-O3", "-ffp-contract=off", "-g0"], "nvcc": ["-O3", "-lineinfo"]},
+        # -fopenmp: at::parallel_for is a header template that runs serially in code compiled without OpenMP;
+        # with it, the kernels' parallel loops use torch's OpenMP runtime (libgomp, loaded by torch already).
+        extra_compile_args={"cxx": ["-O3", "-ffp-contract=off", "-g0", *OPENMP], "nvcc": ["-O3", "-lineinfo"]},
+        extra_link_args=list(OPENMP),
     )
     if not with_cuda:
         ext = CppExtension(**kwargs)

@@ -3,11 +3,14 @@
 // it: LANTERN_KERNEL(CPU / CUDA, op, kernel) in csrc/cpu/<op>.cpp and csrc/cuda/bindings.cpp
 // (kernel_registry.h). Those registrations run when Python calls register_kernels() below, after importing the
 // module. The argument checks the kernels rely on for memory safety are in op_checks.h.
+#include <ATen/Parallel.h>
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -47,12 +50,27 @@ static void register_kernels() {
   held = libraries.release();
 }
 
+// The distinct threads that ran the chunks of an at::parallel_for over `items` items (grain 1) in this
+// extension: at::parallel_for is a header template that runs its whole range on the calling thread unless the
+// extension itself is compiled with OpenMP, so this says whether the CPU kernels' parallel loops are parallel.
+static int64_t parallel_threads(int64_t items) {
+  std::mutex mutex;
+  std::set<int> threads;
+  at::parallel_for(0, items, 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(mutex);
+    threads.insert(at::get_thread_num());
+  });
+  return static_cast<int64_t>(threads.size());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "lantern's C++/CUDA kernels, registered as torch.ops.lantern.* by register_kernels()";
   m.def("cuda_compiled", &cuda_compiled, "Whether this build contains the CUDA kernels (csrc/cuda).");
   m.def(
       "build_info", []() { return std::string(LANTERN_BUILD_INFO); },
       "One line written by setup.py at build time: with or without CUDA kernels, for which architectures.");
+  m.def("parallel_threads", &parallel_threads,
+        "The distinct threads an at::parallel_for over `items` items ran on in this extension (1 without OpenMP).");
   m.def("register_kernels", &register_kernels,
         "Registers the kernels for the lantern:: schemas declared in Python (lantern.ops); RuntimeError, and "
         "nothing registered, if one does not match.");

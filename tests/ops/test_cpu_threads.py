@@ -49,6 +49,16 @@ def routed(op: str) -> None:
     assert lantern._backend.resolve(op, torch.device("cpu")) is backends.kernel("cpu", op), op
 
 
+def test_the_kernels_parallel_loops_run_on_the_threads_torch_is_given():
+    """at::parallel_for is a header template: compiled without OpenMP it runs every chunk on the calling thread,
+    and every comparison below would compare a serial run with itself. lantern._C's own parallel_for over 64
+    items runs on both threads at 2 threads, and on one at 1."""
+    from lantern import _C
+
+    assert at_threads(2, lambda: _C.parallel_threads(64)) == 2
+    assert at_threads(1, lambda: _C.parallel_threads(64)) == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("seed", range(3))
 def test_verify_single_row_vocabulary_split(dtype, seed):
