@@ -74,6 +74,7 @@ LONGEST_FILES = (
     "tests/test_gpu_check.py",
     "tests/ops/test_sanitizers.py",
     "tests/decoding/test_compile_loop.py",
+    "tests/decoding/test_aot.py",
     "tests/test_compile_step.py",
     "tests/hf/test_compile.py",
     "tests/decoding/test_compile_auto.py",

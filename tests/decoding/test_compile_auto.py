@@ -25,16 +25,33 @@ def compile_allowed(monkeypatch):
     monkeypatch.delenv("LANTERN_COMPILE", raising=False)
 
 
-def test_auto_compiles_only_ars_loop_on_a_cpu_unless_asked(compile_allowed, monkeypatch):
+def test_auto_runs_aot_packages_of_lanterns_models_on_a_cpu(compile_allowed):
+    """lantern's own models: every forward from AOT packages (aot.py), "auto" and True alike."""
+    from lantern.decoding import aot
+
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")) or aot.unavailable() is not None:
+        pytest.skip("no C++ compiler or no AOTInductor here")
+    target, drafter = small_models()
+    for compile in ("auto", True):
+        choice = resolve_compile(compile, torch.device("cpu"), (target, drafter))
+        assert choice.on and choice.aot and choice.speculative_on and not choice.ar_only and choice.options == {}
+        assert "ahead-of-time compiled forwards" in choice.reason
+    assert resolve_compile("auto", torch.device("cpu")).aot  # no models named: lantern's own assumed
+
+
+def test_auto_compiles_only_ars_loop_on_a_cpu_for_other_models(compile_allowed, monkeypatch):
+    """A model without AOT packages (a transformers model behind lantern.hf, say): "auto" compiles AR's loop
+    with torch.compile and keeps the speculative forwards eager, unless asked (LANTERN_COMPILE=1, True)."""
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         pytest.skip("no C++ compiler here")
-    choice = resolve_compile("auto", torch.device("cpu"))
-    assert choice.on and choice.ar_only and not choice.speculative_on and choice.options == {}
+    other = object()  # not one of lantern's models
+    choice = resolve_compile("auto", torch.device("cpu"), (other,))
+    assert choice.on and choice.ar_only and not choice.speculative_on and not choice.aot and choice.options == {}
     assert choice.reason.startswith("on, AR's loop only (auto: ") and "tens of seconds" in choice.reason
     monkeypatch.setenv("LANTERN_COMPILE", "1")
-    choice = resolve_compile("auto", torch.device("cpu"))
-    assert choice.speculative_on and not choice.ar_only and choice.options == {} and choice.reason == "on (auto)"
-    assert resolve_compile(True, torch.device("cpu")).speculative_on  # an explicit True compiles every forward
+    choice = resolve_compile("auto", torch.device("cpu"), (other,))
+    assert choice.speculative_on and not choice.ar_only and not choice.aot and choice.reason == "on (auto)"
+    assert resolve_compile(True, torch.device("cpu"), (other,)).speculative_on  # True compiles every forward
 
 
 def test_auto_compiles_on_a_gpu_with_triton(compile_allowed, monkeypatch):
@@ -72,6 +89,7 @@ def test_explicit_choices():
     assert resolve_compile(False, cpu) == CompileChoice(None, "off (compile=False)")
     assert resolve_compile(True, cpu).options == {}
     assert resolve_compile(True, torch.device("cuda")).options == {"mode": "reduce-overhead"}
+    assert not resolve_compile(True, torch.device("cuda")).aot and not resolve_compile(dict(AOT), cpu).aot
     assert resolve_compile(dict(AOT), cpu).options == AOT
 
 
@@ -115,9 +133,10 @@ def test_compiled_and_eager_costs_are_different_cache_entries():
     plans = config.candidates()
     modes = [_mode(config, sampling, 16, plans, False, choice) for choice in (
         None, CompileChoice(None, "off"), CompileChoice({}, "inductor"),
-        CompileChoice({"mode": "reduce-overhead"}, "cuda"), CompileChoice({}, "AR's loop only", ar_only=True))]
+        CompileChoice({"mode": "reduce-overhead"}, "cuda"), CompileChoice({}, "AR's loop only", ar_only=True),
+        CompileChoice({}, "packages", aot=True))]
     assert modes[0] == modes[1]  # eager, however it came about
-    assert len({repr(m) for m in modes[1:]}) == 4
+    assert len({repr(m) for m in modes[1:]}) == 5
 
 
 # a plan of each kind the calibration times: AR, a chain, a dynamic tree (a few, so that calibrating is quick)
@@ -152,7 +171,6 @@ def test_the_ar_baseline_is_compiled_wherever_torch_compile_works(compile_allowe
     has_compiler = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
     assert baseline_compile(torch.device("cpu")) == has_compiler
     assert resolve_compile("auto", torch.device("cpu")).on == has_compiler
-    assert not resolve_compile("auto", torch.device("cpu")).speculative_on
     monkeypatch.setattr(compile_choice.shutil, "which", lambda name: None)
     assert not baseline_compile(torch.device("cpu"))
     monkeypatch.undo()
@@ -167,7 +185,7 @@ def _ar_only_compiled(monkeypatch) -> CompileChoice:
 
     choice = CompileChoice(dict(AOT), "on, AR's loop only (test)", ar_only=True)
     for module in (ar, calibration, spec):
-        monkeypatch.setattr(module, "resolve_compile", lambda compile, device: choice)
+        monkeypatch.setattr(module, "resolve_compile", lambda compile, device, models=(): choice)
     return choice
 
 

@@ -189,7 +189,7 @@ def test_cli_compile_reports_the_compile_time(tmp_path, monkeypatch, capsys, met
 
     monkeypatch.setattr(compiled, "baseline_compile", lambda device: True)  # the AR baseline compiled
     for module in (ar, spec):
-        monkeypatch.setattr(module, "resolve_compile", lambda compile, device: CompileChoice(
+        monkeypatch.setattr(module, "resolve_compile", lambda compile, device, models=(): CompileChoice(
             dict(AOT) if compile else None, "on (test)" if compile else "off (compile=False)"))
     parser = argparse.ArgumentParser()
     generate_cli.add_generate_parser(parser.add_subparsers(dest="command"))

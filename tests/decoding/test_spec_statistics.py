@@ -2,12 +2,14 @@
 
 - sampled speculative decoding at δ = 0 reproduces the AR joint distribution of the first two tokens
   (a calibrated G-test, false-failure rate <= 1e-6 per assertion: see tests/stats/gtest.py), for sampled
-  static trees, sampled chains and deterministic EAGLE-2 trees; negative control: the same test fails
-  for a loop whose verify uses a wrong residual;
+  static trees, sampled chains and deterministic EAGLE-2 trees, with eager forwards and with compiled ones
+  (compile=True: AOT packages on a CPU, decoding/aot.py); negative control: the same test fails for a loop
+  whose verify uses a wrong residual, eager and compiled;
 - with δ > 0 and the node budget (deterministic drafts), the measured TV of the second token's
   distribution from the target stays within δ (plus a sampling margin, below).
 The exact distributions come from forward_full over every first token (no cache, no drafter).
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -54,7 +56,10 @@ def exact_first_two(target, label: int) -> np.ndarray:
 def run(models, config, neighbours=None, seed=0):
     target, small = models
     labels = torch.full((ROWS,), 1)
-    out, _ = generate_spec(target, GPTDrafter(small), labels, neighbours, config=config, cfg_scale=CFG, seed=seed)
+    out, stats = generate_spec(target, GPTDrafter(small), labels, neighbours, config=config, cfg_scale=CFG,
+                               seed=seed)
+    if config.compile in (True, False):  # the forwards the test names ran
+        assert stats.compile.startswith("on (compile=True: ahead-of-time" if config.compile else "off")
     return out
 
 
@@ -69,19 +74,26 @@ EXACT_CONFIGS = [
 ]
 
 
+COMPILE = [pytest.param(False, id="eager"), pytest.param(True, id="compiled", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("compile", COMPILE)
 @pytest.mark.parametrize("config", EXACT_CONFIGS, ids=lambda c: f"{c.tree}-{c.draft_kind()}")
-def test_delta0_reproduces_the_ar_joint_distribution(models, config):
+def test_delta0_reproduces_the_ar_joint_distribution(models, config, compile):
     exact = exact_first_two(models[0], 1).reshape(-1)
+    config = dataclasses.replace(config, compile=compile)
     assert_fits(g_test(joint_counts(run(models, config)), exact), f"(x0, x1) under {config.tree}")
 
 
-def test_negative_control_wrong_residual_fails(models, monkeypatch):
+@pytest.mark.parametrize("compile", COMPILE)
+def test_negative_control_wrong_residual_fails(models, monkeypatch, compile):
     def broken(*args, backend=None, **kwargs):  # ops.verify's signature; the faulty reference runs whatever backend
         return reference_verify.verify(*args, **kwargs, faults=("wrong_residual",))
 
     monkeypatch.setattr(ops, "verify", broken)
     exact = exact_first_two(models[0], 1).reshape(-1)
-    assert_fails_widely(g_test(joint_counts(run(models, EXACT_CONFIGS[0])), exact), "wrong residual")
+    config = dataclasses.replace(EXACT_CONFIGS[0], compile=compile)
+    assert_fails_widely(g_test(joint_counts(run(models, config)), exact), "wrong residual")
 
 
 # Bretagnolle-Huber-Carol: P(||p_hat - p||_1 >= eps) <= 2^V exp(-N eps^2 / 2). With V = 16 cells and

@@ -145,6 +145,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.method != "ar" and not args.no_ar_baseline:
         rerun = lambda: _speculative(gpt, chunks, seeds, options, compile, sampling)[1]  # noqa: E731
         figures.update(_speed_rounds(rerun, gpt, chunks, seeds, sampling, args.cfg_interval, args.repeats))
+    figures.update(_package_figures())
     side = gpt.config.grid_size
     with torch.no_grad():
         images = vq.decode_codes(tokens, side, side)  # [B, 3, H, W]
@@ -167,6 +168,15 @@ def _compile_figures(stats) -> dict:
     return dict(compile=next((s.get("compile") for s in stats if s.get("compile")), ""),
                 compile_s=sum(s.get("compile_s", 0.0) for s in stats),
                 compiled_graphs=sum(s.get("compiled_graphs", 0) for s in stats))
+
+
+def _package_figures() -> dict:
+    """The AOT-compiled packages this process compiled (the one-off cost, once per machine) and loaded
+    (``decoding.aot``), where it used any."""
+    from ..decoding import aot
+
+    packages = aot.process_summary()
+    return {"aot_packages": packages} if packages["compiled"] or packages["loaded"] else {}
 
 
 def _speculative(gpt, chunks, seeds, options, compile, sampling, on_chunk=None):
@@ -233,15 +243,17 @@ def _batch_size(batch, n_images: int) -> int:
 
 def _cost_model(gpt, drafter, table, labels, options, sampling, figures):
     """tree=auto: the device's cost model (cached, or calibrated now, before the timed run)."""
-    from ..decoding import SpecConfig, resolve_cost_model
+    from ..decoding import SpecConfig, aot, resolve_cost_model
 
+    compiled_before = aot.process_summary()["compile_s"]
     config = SpecConfig(method=options["method"], k=options["k"], delta=options["delta"], lam=options["lam"],
                         budget=options["budget"], depth=options["depth"], draft=options["draft"],
                         **{key: options[key] for key in ("window", "coupling", "init") if key in options})
     model = resolve_cost_model(gpt, drafter, labels, table, config=config, cfg_interval=options["cfg_interval"],
                                **sampling)
     figures["cost_model"] = {"source": model.meta["source"], "path": model.meta["path"],
-                             "calibration_s": round(model.meta.get("calibration_s", 0.0), 3)}
+                             "calibration_s": round(model.meta.get("calibration_s", 0.0), 3),
+                             "compile_s": round(aot.process_summary()["compile_s"] - compiled_before, 3)}
     return model
 
 
@@ -290,12 +302,19 @@ def _print_figures(f: dict, args) -> None:
         graphs = f.get("compiled_graphs", 0)
         print(f"compile {f['compile']}" + (f": {graphs} graphs, {f['compile_s']:.2f}s of first calls (compile "
                                            f"included) in the wall time above" if graphs else ""))
+    if "aot_packages" in f:
+        p = f["aot_packages"]
+        loaded = f"{p['loaded']} loaded in {p['load_s']:.2f}s"
+        print(f"compiled forwards: {p['compiled']} packages compiled in {p['compile_s']:.1f}s (once per machine: later "
+              f"processes load them), {loaded}" if p["compiled"] else f"compiled forwards: {loaded} from the cache")
     if args.method != "ar":
         print(f"tau {f['tau']:.2f} tokens per target forward; {f['target_forwards']} target forwards, "
               f"{f['draft_forwards']} drafter forwards (batch {f['batch']})")
         if "cost_model" in f:
             cm = f["cost_model"]
             how = "read from the cache" if cm["source"] == "cache" else f"measured in {cm['calibration_s']:.1f}s"
+            if cm.get("compile_s"):
+                how += f", {cm['compile_s']:.1f}s of it compiling the forwards' packages"
             print(f"tree auto: cost model {how} ({cm['path']})")
         for name, p in sorted(f.get("plans", {}).items(), key=lambda kv: -kv[1]["steps"]):
             why = f"mean prediction per step: {name} {p['mean_expected_tokens_per_s']:.1f}"

@@ -155,11 +155,11 @@ def generate_ar(model, cond_idx: torch.Tensor, *, cfg_scale: Number = 1.0, tempe
     cache_len = torch.zeros(rows, dtype=torch.int64, device=device)
     logits = model(None, cond, cache_len=cache_len, emb_masks=masks)[:, -1]  # [rows, V]: predicts image token 0
     prefix = model.cond_keys[:rows].clone()  # [rows] condition keys left in each row's cache
-    choice = compile if isinstance(compile, CompileChoice) else resolve_compile(compile, device)
+    choice = compile if isinstance(compile, CompileChoice) else resolve_compile(compile, device, (model,))
     compiled = CompileStats() if choice.on else None
     step_model = model
     if compiled is not None:
-        step_model = compiled_target(model, CompiledRun(choice.options, compiled))
+        step_model = compiled_target(model, CompiledRun(choice.options, compiled, choice.aot))
     tokens = torch.empty(B, L, dtype=torch.int64, device=device)
     broken = torch.zeros((), dtype=torch.bool, device=device)  # NaN / +inf logits seen (read once, at the end)
     # The first token is sampled with the ops' value scans on (they check the user's settings); after it the

@@ -21,7 +21,7 @@ from .plans import Plan
 from .proposers import new_state
 
 CALIBRATION_ROWS = (2,)  # rows (2 x images with guidance) at which each plan's step is timed, and the run's
-COMPILED_AR = "ar compiled"  # the point of generate_ar's compiled step, when only AR's loop compiles
+COMPILED_AR = "ar compiled"  # the point of generate_ar's compiled step (``CompileChoice.ar_loop_apart``)
 COMPILED_AR_TOKENS = 10  # tokens of the timed compiled AR run (its first token is the prefill's)
 
 
@@ -31,8 +31,9 @@ def _mode(config: SpecConfig, sampling: Sampling, L: int, plans: Sequence[Plan],
     whether (and how) the forwards are compiled (and, for the acceptance the calibration measures, the
     drafting rules)."""
     jacobi = {"coupling": config.coupling, "init": config.init} if config.self_drafting else {}
+    forwards = "ar" if choice is not None and choice.ar_only else "aot" if choice is not None and choice.aot else "all"
     compiled = {} if choice is None or not choice.on else {"compiled": repr(sorted(choice.options.items())),
-                                                            "compiled_forwards": "ar" if choice.ar_only else "all"}
+                                                            "compiled_forwards": forwards}
     return {**jacobi, **compiled, "method": config.method, "k": config.k if relaxed else 0,
             "budget": config.budget if relaxed else "",
             "lam": config.lam if relaxed else None, "guided": sampling.guided, "length": L,
@@ -72,7 +73,7 @@ def resolve_cost_model(target, drafter, cond_idx, neighbours=None, *, config: Sp
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     with torch.no_grad():
         return cost_model(target, drafter, cond_idx, neighbours, config, sampling, L,
-                          resolve_compile(config.compile, device), remeasure, emb_masks)
+                          resolve_compile(config.compile, device, (target, drafter)), remeasure, emb_masks)
 
 
 def cost_model(target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
@@ -171,7 +172,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     A Jacobi window's acceptance depends on the windows the steps before it used (docs/sjd.md), so the
     interleaved steps say little about it: each window's acceptance is measured on a run of that window alone
     instead (``_jacobi_counts``; once per cost model, not when extending ``known``)."""
-    choice = choice or resolve_compile(config.compile, target.tok_embeddings.weight.device)
+    choice = choice or resolve_compile(config.compile, target.tok_embeddings.weight.device, (target, drafter))
     halves = sampling.halves
     points: Dict[str, Dict[int, float]] = {p.name: dict(known.points.get(p.name, {})) if known else {} for p in plans}
     # hits, trials per depth of the drafter's plans; a window's acceptance: _jacobi_counts
@@ -180,8 +181,8 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     if known is None or not known.acceptance:
         counts.update(_jacobi_counts(target, cond_idx, neighbours, config, sampling, L, plans, emb_masks))
     # the run's speculative forwards
-    compiled = CompiledRun(choice.options, CompileStats()) if choice.speculative_on else None
-    if choice.ar_only:
+    compiled = CompiledRun(choice.options, CompileStats(), choice.aot) if choice.speculative_on else None
+    if choice.ar_loop_apart:
         points[COMPILED_AR] = dict(known.points.get(COMPILED_AR, {})) if known else {}
     new_rows = set()
     for rows in sorted(rows_grid):
@@ -192,9 +193,9 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
         times, bounds = _time_plans(timer, plans, points, rows, halves, counts, known, reps, max_point_s)
         timer.close()
         if choice.on:  # the graph of tree="auto"'s all-AR runs (generate_ar's), compiled here too, and timed
-            # when it competes with the eager plans
+            # where it competes with the plans (``CompileChoice.ar_loop_apart``)
             ar_step = _compiled_ar_step(target, timer.labels, timer.masks, sampling, L, choice,
-                                        reps if choice.ar_only else 0, timer.sync)
+                                        reps if choice.ar_loop_apart else 0, timer.sync)
             if ar_step is not None:
                 times[COMPILED_AR] = [ar_step]
         for name, measured in times.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -15,17 +15,27 @@ COMPILE_CHOICES = {"auto": AUTO, "on": True, "off": False}  # the CLI's --compil
 
 
 class CompileChoice(NamedTuple):
-    """What ``compile`` resolved to on a device: torch.compile's options (None: eager), why, and whether only
-    AR's loop compiles (``ar_only``: the speculative loop's forwards stay eager)."""
+    """What ``compile`` resolved to on a device: torch.compile's options (None: eager), why, whether only
+    AR's loop compiles (``ar_only``: the speculative loop's forwards stay eager), and whether lantern's own
+    models run AOT-compiled packages (``aot``: aot.py, on a CPU) instead of torch.compile."""
 
     options: Optional[dict]
     reason: str
     ar_only: bool = False
+    aot: bool = False
 
     @property
     def on(self) -> bool:
         """Whether AR's loop (``generate_ar``, and a speculative run that turns to AR) compiles."""
         return self.options is not None
+
+    @property
+    def ar_loop_apart(self) -> bool:
+        """Whether ``generate_ar``'s compiled loop is faster than the speculative loop's AR steps, so that the
+        calibration times it apart (``calibration.COMPILED_AR``) and a tree="auto" run is that loop when it beats
+        the first step's plan: with AR's loop alone compiled (``ar_only``), or with AOT packages (AR's loop
+        runs the same forward without the speculative loop's per-step verify, commit and host read)."""
+        return self.on and (self.ar_only or self.aot)
 
     @property
     def speculative_on(self) -> bool:
@@ -42,29 +52,49 @@ def check_compile(compile) -> None:
         raise TypeError(f"compile must be True, False, 'auto' or a dict of torch.compile options, got {compile!r}")
 
 
-def resolve_compile(compile: CompileOption, device: torch.device) -> CompileChoice:
-    """``compile`` on ``device``: False -> eager; True -> inductor (mode="reduce-overhead", CUDA graphs, on a
-    GPU); a dict -> those options; "auto" -> True where torch.compile can work on the device, else eager, with
-    the reason, and on a CPU AR's loop only (``compile_unavailable``, ``AR_ONLY_ON_CPU``). Compiling also
-    points inductor's on-disk caches at lantern's cache folder (unless the user chose another
+def resolve_compile(compile: CompileOption, device: torch.device, models: Sequence = ()) -> CompileChoice:
+    """``compile`` on ``device`` for ``models`` (the run's target and drafter; None entries ignored): False ->
+    eager; a dict -> torch.compile with those options; True or "auto" -> compiled where it works, with the
+    reason:
+    - on a CPU, lantern's own models (``aot.supports``) run AOT-compiled packages, compiled once per machine
+      and loaded by every later process (``aot.py``); other models go through torch.compile (inductor), and
+      with "auto" only AR's loop does (``AR_ONLY_ON_CPU``);
+    - on a GPU, torch.compile with mode="reduce-overhead" (CUDA graphs).
+    "auto" stays eager where torch.compile cannot work (``compile_unavailable``). Compiling also points
+    inductor's on-disk caches at lantern's cache folder (unless the user chose another
     TORCHINDUCTOR_CACHE_DIR), so the next process loads a graph instead of compiling it."""
     check_compile(compile)
     device = torch.device(device)
     if compile is False or compile is None:
         return CompileChoice(None, "off (compile=False)")
-    ar_only = False
+    if isinstance(compile, dict):
+        use_lantern_cache_for_inductor()
+        return CompileChoice(dict(compile), "on (compile options given)")
+    said = "auto" if compile == AUTO else "compile=True"
     if compile == AUTO:
         why_not = compile_unavailable(device)
         if why_not is not None:
             return CompileChoice(None, f"off (auto: {why_not})")
-        ar_only = device.type == "cpu" and _compile_setting() is not True
-        reason, compile = (f"on, AR's loop only (auto: {AR_ONLY_ON_CPU})" if ar_only else "on (auto)"), True
-    else:
-        reason = "on (compile=True)" if compile is True else "on (compile options given)"
     use_lantern_cache_for_inductor()
-    if compile is True:
-        return CompileChoice({"mode": "reduce-overhead"} if device.type == "cuda" else {}, reason, ar_only)
-    return CompileChoice(dict(compile), reason)
+    if device.type == "cuda":
+        return CompileChoice({"mode": "reduce-overhead"}, f"on ({said})")
+    if device.type == "cpu" and aot_possible(models):
+        return CompileChoice({}, f"on ({said}: {AOT_ON_CPU})", aot=True)
+    ar_only = compile == AUTO and device.type == "cpu" and _compile_setting() is not True
+    if ar_only:
+        return CompileChoice({}, f"on, AR's loop only (auto: {AR_ONLY_ON_CPU})", ar_only=True)
+    return CompileChoice({}, f"on ({said})")
+
+
+def aot_possible(models: Sequence) -> bool:
+    """Whether every one of ``models`` (None entries ignored) has AOT-compiled forwards here (``aot.py``)."""
+    from . import aot
+
+    return aot.unavailable() is None and all(aot.supports(m) for m in models if m is not None)
+
+
+# what "auto" and True run on a CPU for lantern's own models (docs/compile.md)
+AOT_ON_CPU = "ahead-of-time compiled forwards, compiled once per machine and cached on disk"
 
 
 def compile_options(compile: CompileOption, device: torch.device) -> Optional[dict]:
@@ -72,20 +102,19 @@ def compile_options(compile: CompileOption, device: torch.device) -> Optional[di
     return resolve_compile(compile, device).options
 
 
-# why "auto" compiles AR's loop alone on a CPU (docs/compile.md, "What auto decides")
+# why "auto" compiles AR's loop alone on a CPU for models without AOT packages (docs/compile.md, "What auto decides")
 AR_ONLY_ON_CPU = ("on a CPU a graph costs tens of seconds to trace and compile: AR's one graph pays for itself, a "
                   "speculative run's dozen do not; LANTERN_COMPILE=1 or compile=True compiles them too")
 
 
 def compile_unavailable(device: torch.device) -> Optional[str]:
     """Why compile="auto" stays eager on ``device``, or None. LANTERN_COMPILE=0 turns it off and =1 on for
-    every forward wherever torch.compile can work (``cannot_compile``). Otherwise "auto" compiles on a GPU
-    (CUDA graphs remove the launch overhead that dominates a decoding step), and on a CPU AR's loop only
-    (``resolve_compile``): there a graph of a 16-layer model costs tens of seconds of dynamo tracing and
-    compiling, and inductor's on-disk cache saves only part of it (docs/compile.md). AR needs one graph per
-    row count, which pays for itself in a long run and is shared with the compiled AR baseline that printed
-    speed-ups are held against; a speculative run meets a dozen (node-count buckets, forward kinds), which a
-    short run such as ``make demo`` never earns back."""
+    every forward wherever torch.compile can work (``cannot_compile``). Otherwise "auto" compiles
+    (``resolve_compile``): on a GPU through CUDA graphs (they remove the launch overhead that dominates a
+    decoding step); on a CPU lantern's own models through AOT packages, compiled once per machine (aot.py),
+    and other models' AR loop only: there a torch.compile graph of a 16-layer model costs tens of seconds of
+    dynamo tracing and compiling in every process, and a speculative run meets a dozen (node-count buckets,
+    forward kinds), which a short run never earns back (docs/compile.md)."""
     setting = _compile_setting()
     if setting is False:
         return f"LANTERN_COMPILE={os.environ['LANTERN_COMPILE']}"

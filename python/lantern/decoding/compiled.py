@@ -24,7 +24,7 @@ import dataclasses
 import inspect
 import time
 import weakref
-from typing import Dict, NamedTuple, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -66,22 +66,34 @@ def pad_room(n: int) -> int:
 
 
 class CompileStats:
-    """What compiling cost: each call that compiled a graph (the compile and one run), and how many."""
+    """What compiling cost: each call that compiled a graph (the compile and one run), and how many; and each
+    AOT package loaded from the disk cache (``aot.py``)."""
 
     def __init__(self):
         self.seen: Dict[Tuple, float] = {}  # (forward kind, (rows, nodes, cache shape)) -> seconds of first call
+        self.loaded: Dict[Tuple, float] = {}  # (forward kind, ("words", W)) -> seconds to load an AOT package
 
     @property
     def compile_s(self) -> float:
         return sum(self.seen.values())
 
     @property
+    def load_s(self) -> float:
+        return sum(self.loaded.values())
+
+    @property
     def graphs(self) -> int:
         return len(self.seen)
 
     def summary(self) -> dict:
-        return {"compile_s": self.compile_s, "graphs": self.graphs,
-                "shapes": sorted(f"{kind} rows {key[0]} nodes {key[1]}" for kind, key in self.seen)}
+        return {"compile_s": self.compile_s, "graphs": self.graphs, "load_s": self.load_s,
+                "shapes": sorted(_shape_name(kind, key) for kind, key in self.seen)}
+
+
+def _shape_name(kind: str, key: Tuple) -> str:
+    """A compiled graph's kind and shape key as text: rows and nodes of a torch.compile graph, the mask words
+    of an AOT package."""
+    return f"{kind} words {key[1]}" if key[0] == "words" else f"{kind} rows {key[0]} nodes {key[1]}"
 
 
 def _layout(args) -> Tuple:
@@ -341,31 +353,59 @@ def _cached(model, options: dict, make):
 
 
 class CompiledRun(NamedTuple):
-    """A run's compiled forwards: torch.compile's options (``resolve_compile``) and the run's CompileStats."""
+    """A run's compiled forwards: torch.compile's options (``resolve_compile``), the run's CompileStats, and
+    whether lantern's own models run AOT-compiled packages instead (``aot.py``; other models then go through
+    torch.compile with ``options``)."""
 
     options: dict
     stats: CompileStats
+    aot: bool = False
+
+
+def _aot_backend(model, run: CompiledRun) -> Optional[str]:
+    """The tree-attention backend an AOT package of ``model`` is made for, or None when the run does not
+    AOT-compile ``model``."""
+    from .._backend import run_backends
+    from . import aot
+
+    if not run.aot or not aot.supports(model):
+        return None
+    return run_backends(torch.device("cpu"))["tree_attention"]
 
 
 def compiled_target(target, run: CompiledRun):
     """The compiled wrapper of target, made once per model and options so that later runs reuse its graphs;
     this run's compilations are recorded in run.stats."""
+    backend = _aot_backend(target, run)
+    if backend is not None:
+        from .aot import AotTarget
+
+        return _bind(_cached(target, {"aot": backend}, lambda: AotTarget(target, backend)), run.stats)
     return _bind(_cached(target, run.options, lambda: CompiledTarget(target, run.options)), run.stats)
 
 
 def compiled_drafter(drafter, device: torch.device, run: CompiledRun):
     """The compiled wrapper of drafter (see ``compiled_target``)."""
+    backend = _aot_backend(drafter, run)
+    if backend is not None:
+        from .aot import aot_drafter
+
+        return _bind(_cached(drafter, {"aot": backend}, lambda: aot_drafter(drafter, backend)), run.stats)
     return _bind(_cached(drafter, run.options, lambda: CompiledDrafter(drafter, device, run.options)), run.stats)
 
 
 def _bind(wrapper, stats: CompileStats):
+    """wrapper's compiled functions record into this run's stats; AOT forwards drop packages bound to tensors
+    the model no longer has."""
     for fn in wrapper.functions:
         fn.stats = stats
+        if hasattr(fn, "refresh"):
+            fn.refresh()
     return wrapper
 
 
-def compiled_models(target, drafter, options: dict, stats: CompileStats):
+def compiled_models(target, drafter, options: dict, stats: CompileStats, aot: bool = False):
     """The compiled wrappers of target and drafter (drafter None: the target's only)."""
-    run = CompiledRun(options, stats)
+    run = CompiledRun(options, stats, aot)
     device = target.tok_embeddings.weight.device
     return compiled_target(target, run), (None if drafter is None else compiled_drafter(drafter, device, run))

@@ -131,7 +131,8 @@ class DrafterProposer:
         beams = max((p.beam_nodes for p in plans), default=0)
         room = T_max + (state.L if self.catch_up else 0)  # the feed's columns
         # compiled: cache slots for the padding nodes (the drafter's expansions, catch-up)
-        pad = bucket(max(T_max, beams, room + 1)) if state.compiled is not None else 0
+        padded = state.compiled is not None and not state.compiled.aot
+        pad = bucket(max(T_max, beams, room + 1)) if padded else 0
         self.drafter.reset(cond, state.n_rows, state.L + max(T_max, beams) + (state.L if self.catch_up else 0)
                            + pad, masks)
         self.feed = DrafterFeed.start(state.rep(first), hidden, room + 1)

@@ -57,7 +57,7 @@ def generate_spec(target, drafter, cond_idx: torch.Tensor, neighbours: Optional[
     sampling = Sampling(cfg_scale, temperature, top_k, top_p, seed, cfg_interval)
     keyed = dataclasses.replace(sampling, rows=check_image_ids(image_ids, cond_idx.shape[0], device))
     condition_masks(target, cond_idx, emb_masks, sampling.guided)  # bad masks fail before any calibration
-    choice = resolve_compile(config.compile, device)
+    choice = resolve_compile(config.compile, device, (target, drafter))
     run = _Run(target, drafter, cond_idx, neighbours, config, keyed, L, emb_masks, choice, on_step)
     if config.tree != "auto":
         return _generate_fixed(run)
@@ -84,7 +84,8 @@ class _Run:
     def start(self, plans, catch_up: bool, stats: SpecStats):
         """The prefilled DecodeState, and the run's CompiledRun (None: eager); stats.compile says which."""
         stats.compile = self.choice.reason
-        compiled = CompiledRun(self.choice.options, CompileStats()) if self.choice.speculative_on else None
+        compiled = CompiledRun(self.choice.options, CompileStats(), self.choice.aot) if self.choice.speculative_on \
+            else None
         state = new_state(self.target, self.drafter, self.cond_idx, self.neighbours, self.config, self.sampling,
                           self.L, plans, catch_up, self.emb_masks, compiled)
         stats.target_forwards += 1  # the prefill
@@ -205,11 +206,12 @@ def _generate_auto(run: _Run, costs):
 
 
 def _compiled_ar_decision(run: _Run, planner: Planner, first: Decision) -> Optional[Decision]:
-    """When only AR's loop compiles (``CompileChoice.ar_only``: "auto" on a CPU), the run is compiled AR
-    from the first step if the calibration's compiled AR step (``COMPILED_AR``) gives more tokens per
-    second than ``first``, the eager plan the planner chose, by the planner's margin; None otherwise."""
+    """Where ``generate_ar``'s compiled loop is timed apart (``CompileChoice.ar_loop_apart``: AR's loop alone
+    compiled, or AOT packages), the run is that loop from the first step if the calibration's compiled AR step
+    (``COMPILED_AR``) gives more tokens per second than ``first``, the plan the planner chose, by the
+    planner's margin; None otherwise."""
     rows, B = first.rows, run.cond_idx.shape[0]
-    if not run.choice.ar_only or not planner.cost_model.knows(COMPILED_AR):
+    if not run.choice.ar_loop_apart or not planner.cost_model.knows(COMPILED_AR):
         return None
     seconds = planner.cost_model.step_seconds(COMPILED_AR, rows)
     best_plan, best_rate = (first.runner_up, first.runner_up_rate) if first.probe else (first.plan,

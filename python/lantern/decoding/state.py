@@ -158,9 +158,10 @@ class DecodeState:
         self.target_len = target.cond_keys[: self.n_rows].clone()  # [n_rows] C, or the real caption positions
         # the model rows the models compute (None: all). Finished rows leave the models' caches (``compact``);
         # the state, verify and the draft sampling stay at full size, so every random stream keeps its row and
-        # the tokens are those of the uncompacted loop. Compiled forwards keep static shapes.
+        # the tokens are those of the uncompacted loop.
         self.live: Optional[torch.Tensor] = None  # [live model rows] indices into the model rows, both halves
-        self.compactable = compiled is None and proposer.can_compact
+        # torch.compile's graphs have static shapes; AOT packages serve any row count
+        self.compactable = (compiled is None or compiled.aot) and proposer.can_compact
         self.figures: Optional[StepFigures] = None
         self._layout_masks: dict = {}  # fixed tree shape -> its packed mask [B, T, W] (``tree_inputs``)
         self._model_row_masks: dict = {}  # fixed tree shape -> the mask of the model rows (``forward``)
@@ -169,7 +170,8 @@ class DecodeState:
     def _prefill(self, cond, masks, plans: Sequence[Plan]):
         """Sizes the target's cache for the largest plan and writes the condition -> (logits, hidden)."""
         T_max = max(p.nodes for p in plans)
-        pad = pad_room(T_max) if self.compiled is not None else 0  # cache slots of the padding nodes
+        padded = self.compiled is not None and not self.compiled.aot  # torch.compile's node-count buckets
+        pad = pad_room(T_max) if padded else 0  # cache slots of the padding nodes
         self.target.setup_cache(self.n_rows, self.target.config.cond_len + self.L + T_max + pad)
         cache_len = torch.zeros(self.n_rows, dtype=torch.int64, device=self.device)
         return self.target(None, cond, cache_len=cache_len, return_hidden=True, emb_masks=masks)

@@ -1,13 +1,13 @@
 """``lantern.generate`` for a wrapped transformers model: the prompt as the model's own ``generate`` takes it, the
 image codes out, through lantern's unchanged loops (``decoding.ar.generate_ar``, ``decoding.spec.generate_spec``).
 
-Compiling. ``compile`` means what it means for lantern's GPT (``decoding/compiled.py``: the decoding forwards
-through ``torch.compile(fullgraph=True)``, node counts padded to buckets; "auto" compiles on a GPU, and on a CPU
-AR's loop only unless LANTERN_COMPILE=1), with one more case: a model whose forward does not trace in one graph (a graph
-break in the transformers code it runs). The loops meet that at the first compiled forward; "auto" then runs
-the call again eagerly (the same tokens: a run depends on its seed, not on earlier tries) with the reason in
-the stats, compile=True raises ``NotTraceable`` naming it. The verdict is kept per model (and attention), so
-later calls do not trace again.
+Compiling. ``compile`` means what it means for a model without AOT packages (``decoding/compiled.py``: the
+decoding forwards through ``torch.compile(fullgraph=True)``, node counts padded to buckets; "auto" compiles on a
+GPU, and on a CPU AR's loop only unless LANTERN_COMPILE=1), with one more case: a model whose forward does not
+trace in one graph (a graph break in the transformers code it runs). The loops meet that at the first compiled
+forward; "auto" then runs the call again eagerly (the same tokens: a run depends on its seed, not on earlier
+tries) with the reason in the stats, compile=True raises ``NotTraceable`` naming it. The verdict is kept per
+model (and attention), so later calls do not trace again.
 """
 from __future__ import annotations
 

@@ -229,18 +229,18 @@ class GPTDrafter:
         self.model.free_cache()
 
 
-_STEP_LAYOUTS: dict = {}  # (R, T, device) -> (rows [R, T], node ids [T], causal mask [R, T, W]), eager calls only
+_STEP_LAYOUTS: dict = {}  # (R, T, device) -> (node ids [T], causal mask [R, T, W]), eager calls only
 
 
 def _step_layout(R: int, T: int, device: torch.device):
-    """(rows [R, T], node ids 0..T-1 [T], packed causal mask [R, T, ceil(T/32)]) of a forward of T nodes over
-    R rows: made once per shape in eager code (a decoding step makes several), traced where it is compiled."""
+    """(node ids 0..T-1 [T], packed causal mask [R, T, ceil(T/32)]) of a forward of T nodes over R rows: made
+    once per shape in eager code (a decoding step makes several), traced where it is compiled."""
     from ..ops.reference.tree import pack_bits
 
     key = (R, T, device)
     layout = None if torch.compiler.is_compiling() else _STEP_LAYOUTS.get(key)
     if layout is None:
-        layout = (torch.arange(R, device=device)[:, None].expand(R, T), torch.arange(T, device=device),
+        layout = (torch.arange(T, device=device),
                   pack_bits(torch.ones(T, T, dtype=torch.bool, device=device).tril()).expand(R, -1, -1))
         if not torch.compiler.is_compiling():
             _STEP_LAYOUTS[key] = layout
@@ -248,8 +248,8 @@ def _step_layout(R: int, T: int, device: torch.device):
 
 
 def _chain_step(cache_len: torch.Tensor, T: int) -> CacheStep:
-    rows, nodes, causal = _step_layout(cache_len.shape[0], T, cache_len.device)
-    return CacheStep(rows=rows, slots=cache_len[:, None] + nodes, cache_len=cache_len, tree_mask=causal)
+    nodes, causal = _step_layout(cache_len.shape[0], T, cache_len.device)
+    return CacheStep(slots=cache_len[:, None] + nodes, cache_len=cache_len, tree_mask=causal)
 
 
 def partial_tree_mask(parents: torch.Tensor) -> torch.Tensor:
@@ -272,6 +272,6 @@ def partial_tree_mask(parents: torch.Tensor) -> torch.Tensor:
 def _tree_step(cache_len: torch.Tensor, parents: torch.Tensor, tree_mask: Optional[torch.Tensor] = None) -> CacheStep:
     """tree_mask: ``partial_tree_mask(parents)`` if the caller has it."""
     R, T = parents.shape
-    rows, nodes, _ = _step_layout(R, T, parents.device)
-    return CacheStep(rows=rows, slots=cache_len[:, None] + nodes, cache_len=cache_len,
+    nodes, _ = _step_layout(R, T, parents.device)
+    return CacheStep(slots=cache_len[:, None] + nodes, cache_len=cache_len,
                      tree_mask=partial_tree_mask(parents) if tree_mask is None else tree_mask)

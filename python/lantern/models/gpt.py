@@ -129,7 +129,7 @@ def precompute_freqs_cis_2d(grid_size: int, head_dim: int, base: float, cond_len
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     """x [B, T, H, Dh], rope [B, T, Dh/2, 2] -> [B, T, H, Dh]: interleaved pairs (x[2j], x[2j+1]) rotated,
     in float32, cast back to x's dtype."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)  # [B, T, H, Dh/2, 2]
+    pairs = x.float().unflatten(-1, (-1, 2))  # [B, T, H, Dh/2, 2]
     cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]  # [B, T, 1, Dh/2]
     out = torch.stack([
         pairs[..., 0] * cos - pairs[..., 1] * sin,
@@ -168,7 +168,6 @@ class FeedForward(nn.Module):
 @dataclass
 class CacheStep:
     """Where one cached forward writes and what it attends to (shared by every layer)."""
-    rows: torch.Tensor  # [B, T] int64 batch row of each new position
     slots: torch.Tensor  # [B, T] int64 cache position of each new position (cache_len[b] + t)
     cache_len: torch.Tensor  # [B] int64 committed prefix per row
     tree_mask: torch.Tensor  # [B, T, ceil(T/32)] int32 packed ancestor bits among the T new positions
@@ -178,12 +177,13 @@ class CacheStep:
         one index_put_ on the cache tensor itself, not on a layer's view, so that a compiled forward
         writes the new positions only (functionalisation turns an indexed write into a view into a copy of
         the whole cache)."""
-        B, T, Hkv = k.shape[0], k.shape[1], k.shape[2]
+        B, Hkv = k.shape[0], k.shape[2]
         dev = cache.device
+        # index tensors that broadcast (none expanded): an exported forward then serves T = 1 too
         index = (torch.full((1, 1, 1, 1), layer, dtype=torch.int64, device=dev),
                  torch.arange(2, device=dev).view(2, 1, 1, 1),  # k, v
-                 self.rows.reshape(1, B, T, 1), torch.arange(Hkv, device=dev).view(1, 1, 1, Hkv),
-                 self.slots.reshape(1, B, T, 1))
+                 torch.arange(B, device=dev).view(1, B, 1, 1), torch.arange(Hkv, device=dev).view(1, 1, 1, Hkv),
+                 self.slots[None, :, :, None])
         cache.index_put_(index, torch.stack([k, v]).to(cache.dtype))  # [2, B, T, Hkv, Dh]
 
 
@@ -219,7 +219,10 @@ class Attention(nn.Module):
             k_cache, v_cache = cache[layer, 0, :B], cache[layer, 1, :B]  # [B, Hkv, Lmax, Dh] views
             q = q.transpose(1, 2).to(k_cache.dtype)  # [B, H, T, Dh]
             out = ops.tree_attention(q, k_cache, v_cache, step.cache_len, step.tree_mask).to(x.dtype)
-        return self.wo(out.transpose(1, 2).reshape(B, T, H * Dh))
+        # a copy, then a view: reshape's view-or-copy choice would depend on whether T is 1, which an exported
+        # forward serving every T cannot know
+        out = out.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(B, T, H * Dh)
+        return self.wo(out)
 
 
 class TransformerBlock(nn.Module):
@@ -439,7 +442,6 @@ class Transformer(nn.Module):
             raise ValueError(f"cache_len must be int64 with 0 <= cache_len and cache_len + {T_new} new positions "
                              f"<= max_len={Lmax}, got {cache_len.tolist()} ({cache_len.dtype})")
         step = CacheStep(
-            rows=torch.arange(B, device=x.device)[:, None].expand(B, T_new),
             slots=cache_len[:, None] + torch.arange(T_new, device=x.device),
             cache_len=cache_len,
             tree_mask=self._full_tree_mask(tree_mask, n_cond, T, B, x.device, masks),
