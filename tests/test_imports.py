@@ -155,3 +155,23 @@ def test_importing_lantern_leaves_the_compiler_unimported():
             "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_the_source_digest_changes_with_any_module(tmp_path, monkeypatch):
+    """The AOT packages' names and the cost models' staleness stamp digest lantern's source: a changed module
+    (here a copy of the package with one line added) gives another digest."""
+    import shutil
+
+    import lantern
+    from lantern import _version
+
+    root = Path(lantern.__file__).parent
+    copy = tmp_path / "lantern"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("weights", "__pycache__", "*.so"))
+    monkeypatch.setattr(_version, "__file__", str(copy / "_version.py"))
+    monkeypatch.setattr(_version, "_SOURCE_DIGEST", None)
+    before = _version.source_digest()
+    with open(copy / "decoding" / "planner.py", "a") as f:
+        f.write("\n# a change\n")
+    monkeypatch.setattr(_version, "_SOURCE_DIGEST", None)
+    assert _version.source_digest() != before

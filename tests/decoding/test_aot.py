@@ -89,6 +89,9 @@ def test_one_package_serves_every_row_count_node_count_and_cache_length():
         torch.testing.assert_close(cache, want_cache, rtol=1e-5, atol=1e-5)
     assert sorted(key for _, key in stats.seen) == [("words", 1), ("words", 2)]
     assert sorted(key for _, key in stats.loaded) == [("words", 1), ("words", 2)]
+    # compiled while the model held a cache: the package binds weights only, the cache is an input
+    for runner in wrapper.forward.runners.values():
+        assert not [name for name in runner.get_constant_fqns() if "cache" in name or "cond_keys" in name]
 
 
 @pytest.mark.slow  # one package (compiled by the test above when both run)
@@ -159,6 +162,11 @@ def test_inputs_of_the_wrong_dtype_are_refused():
         forward(target.kv_cache, tokens, torch.ones(2, dtype=torch.int64), tokens.long(),
                 torch.ones(2, 3, 1, dtype=torch.int32))
     assert forward.runners == {}  # refused before any package was loaded or compiled
+    big = torch.zeros(2, 2, aot.MAX_ROWS + 1, 2, 1, 32)  # more rows than the packages are made for
+    with pytest.raises(ValueError, match="at most 16384 model rows"):
+        forward(big, tokens.long(), torch.ones(2, dtype=torch.int64), tokens.long(),
+                torch.ones(2, 3, 1, dtype=torch.int32))
+    assert forward.runners == {}
 
 
 @pytest.mark.slow  # one package compiled: ~20 s of CPU
@@ -247,3 +255,32 @@ def test_a_gpt_drafter_runs_its_models_package():
     want, _ = loop_tokens(target, GPTDrafter(small), "dynamic", 1.0, False)
     got, _ = loop_tokens(target, GPTDrafter(small), "dynamic", 1.0, True)
     assert torch.equal(got, want)
+
+
+@pytest.mark.slow  # the module's packages (compiled above when run together)
+def test_lantern_generate_reports_the_packages(tmp_path, monkeypatch, capsys):
+    """lantern generate --compile on small random models (the loaders replaced): the printout and the JSON say
+    how many packages the process compiled and loaded, and how long that took, apart from the run's time."""
+    import argparse
+    import json
+
+    from lantern import ops, sources
+    from lantern.cli import generate as generate_cli
+    from tiny_random_models import StubVQ
+
+    target, drafter = small_models()
+    monkeypatch.setattr(sources, "load_discrete", lambda args: (target, StubVQ(), {"sampling": {"cfg_scale": 2.0}}))
+    table = ops.latent_neighbours(torch.randn(64, 4, generator=torch.Generator().manual_seed(1)), 4)
+    monkeypatch.setattr(sources, "drafter_and_table", lambda args, gpt, vq: (drafter, table))
+    before = aot.process_summary()
+    parser = argparse.ArgumentParser()
+    generate_cli.add_generate_parser(parser.add_subparsers(dest="command"))
+    js = tmp_path / "run.json"
+    args = parser.parse_args(["generate", "--model", "checkpoint", "--method", "lantern", "--tree", "chain", "--depth",
+                              "3", "--k", "4", "--classes", "1", "2", "--per-class", "1", "--compile", "--no-progress",
+                              "--out", str(tmp_path / "g.png"), "--json", str(js)])
+    assert generate_cli.run_generate(args) == 0
+    packages = json.loads(js.read_text())["aot_packages"]
+    after = aot.process_summary()
+    assert packages == after and after["loaded"] >= before["loaded"] + 2  # the target's and the drafter's
+    assert "compiled forwards: " in capsys.readouterr().out

@@ -45,7 +45,7 @@ def test_measured_once_then_read_back(tmp_path):
     assert len(list(tmp_path.glob("costs-*.json"))) == 2
 
 
-@pytest.mark.parametrize("change", ["torch", "backend", "format"])
+@pytest.mark.parametrize("change", ["torch", "backend", "format", "lantern"])
 def test_stale_stamp_is_measured_again(tmp_path, monkeypatch, change):
     measure = Measure()
     costs.cached_cost_model(KEY, measure, directory=tmp_path)

@@ -9,11 +9,11 @@ with no padding and no recompilation. The package holds no weights: a model's pa
 bound to it at load time (AOTInductor's user-managed constants, shared with the model, not copied), so one
 package serves every set of weights of that architecture and dtype.
 
-A package's name is a digest of everything its code depends on (``package_key``): lantern's source, torch's
-version, the CPU's vector ISA, the model's class, configuration, parameter names, shapes and dtypes, the
-tree-attention backend and the mask words. A package is written under a unique name and renamed into place,
-so concurrent processes never read half a file. The cache folder is the user's own, like inductor's cache:
-a package is a shared library that is loaded and run.
+A package's name is a digest of everything its code depends on (``package_key``): lantern's source and built
+extension (``_version.source_digest``), torch's version, the CPU's vector ISA, the model's class,
+configuration, parameter names, shapes and dtypes, the tree-attention backend and the mask words. A package is
+written under a unique name and renamed into place, so concurrent processes never read half a file. The cache
+folder is the user's own, like inductor's cache: a package is a shared library that is loaded and run.
 
 The forwards' inputs are made contiguous and checked for their dtypes before every call (the generated code
 indexes its inputs with the strides they had when exported); the value checks (token ids, positions, cache
@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
+from .._version import source_digest
 
 WORD = 32  # nodes per word of a packed tree mask: a package serves the node counts of one mask width
 MAX_ROWS = 1 << 14  # the dynamic dimensions' upper bounds (what the generated code's index arithmetic assumes)
@@ -41,17 +42,24 @@ INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}  # weights ar
 
 
 def unavailable() -> Optional[str]:
-    """Why AOT-compiled forwards cannot run here, or None."""
+    """Why AOT-compiled forwards cannot run here, or None: the torch features they use (AOTInductor packages,
+    constants bound at load time without a copy, size-oblivious export)."""
+    import inspect
+
     import torch._inductor
 
     if not hasattr(torch._inductor, "aoti_compile_and_package") or not hasattr(torch._inductor, "aoti_load_package"):
         return f"torch {torch.__version__} has no AOTInductor packages"
     try:
+        from torch.export.pt2_archive._package import AOTICompiledModel
+
+        if "user_managed" not in inspect.signature(AOTICompiledModel.load_constants).parameters:
+            return f"torch {torch.__version__} cannot bind a package's weights without copying them"
         import torch.fx.experimental._config as fx_config
 
         fx_config.backed_size_oblivious  # noqa: B018 (exports a node count of 1 with the others)
     except (ImportError, AttributeError):
-        return f"torch {torch.__version__} cannot export size-oblivious shapes"
+        return f"torch {torch.__version__} cannot export size-oblivious shapes or load AOT packages"
     return None
 
 
@@ -91,6 +99,7 @@ class TreeForward(nn.Module):
         self.model = model
 
     def forward(self, cache, tokens, cache_len, positions, tree_mask):
+        torch._check(cache.shape[2] == tokens.shape[0])  # the cache holds the forward's rows (and no others)
         with _bound_cache(self.model, cache):
             return self.model(tokens, cache_len=cache_len, positions=positions, tree_mask=tree_mask,
                               return_hidden=True)
@@ -127,6 +136,7 @@ class EaglePredict(nn.Module):
     def forward(self, cache, tokens, features, positions, cache_len, tree_mask):
         from ..models.gpt import CacheStep
 
+        torch._check(cache.shape[2] == tokens.shape[0])  # the cache holds the forward's rows (and no others)
         step = CacheStep(slots=cache_len[:, None] + torch.arange(tokens.shape[1], device=tokens.device),
                          cache_len=cache_len, tree_mask=tree_mask)
         with _bound_cache(self.drafter, cache):
@@ -152,21 +162,6 @@ class EaglePredict(nn.Module):
 
 # ---------------------------------------------------------------------------------------------------------
 # Packages: their names, compiling and loading
-
-
-_SOURCE_DIGEST: Optional[str] = None
-
-
-def source_digest() -> str:
-    """sha256 of lantern's Python source (every module a package's graph could come from), once per process."""
-    global _SOURCE_DIGEST
-    if _SOURCE_DIGEST is None:
-        root = Path(__file__).resolve().parents[1]
-        digest = hashlib.sha256()
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-        _SOURCE_DIGEST = digest.hexdigest()
-    return _SOURCE_DIGEST
 
 
 def _state(module: nn.Module) -> Dict[str, torch.Tensor]:
@@ -198,6 +193,21 @@ def _node_range(words: int) -> Tuple[int, int]:
     return (1 if words == 1 else WORD * (words - 1) + 1), WORD * words
 
 
+@contextlib.contextmanager
+def _caches_put_aside(module: nn.Module):
+    """The model's cache buffers are None while it is exported (a run may hold them): export would lift a
+    buffer into the package as a constant, and the forward's cache is an input instead."""
+    held = [(m, name, getattr(m, name)) for m in module.modules() for name in ("kv_cache", "cond_keys")
+            if name in getattr(m, "_buffers", {})]
+    for m, name, _ in held:
+        setattr(m, name, None)
+    try:
+        yield
+    finally:
+        for m, name, value in held:
+            setattr(m, name, value)
+
+
 def compile_package(module: nn.Module, words: int, path: Path) -> None:
     """Exports ``module`` (``TreeForward`` or ``EaglePredict``) with dynamic rows, nodes and cache length and
     compiles it with AOTInductor into ``path`` (written under a unique name, then renamed into place)."""
@@ -209,7 +219,8 @@ def compile_package(module: nn.Module, words: int, path: Path) -> None:
     length = Dim("length", min=1, max=MAX_CACHE_LEN)
     example = module.example(3, max(lo, min(4, hi)), words)
     # size-oblivious: a dimension of size 1 (one node, one row) takes the general code, not a specialisation
-    with torch.no_grad(), ops.checks.values_checked_by_caller(), fx_config.patch(backed_size_oblivious=True):
+    with torch.no_grad(), ops.checks.values_checked_by_caller(), fx_config.patch(backed_size_oblivious=True), \
+            _caches_put_aside(module):
         exported = torch.export.export(module, example, dynamic_shapes=module.dynamic_shapes(rows, nodes, length),
                                        strict=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,6 +280,11 @@ class AotForward:
         for i, (a, dtype) in enumerate(zip(args, self.dtypes)):
             if a.dtype != dtype or a.device.type != "cpu":
                 raise ValueError(f"{self.kind}: input {i} must be a {dtype} CPU tensor, got {a.dtype} on {a.device}")
+        cache = args[0]  # [n_layer, 2, rows, heads, length, head_dim]: the dimensions the package was made for
+        if cache.shape[2] > MAX_ROWS or cache.shape[4] > MAX_CACHE_LEN:
+            raise ValueError(f"{self.kind}: compiled forwards serve at most {MAX_ROWS} model rows and a cache of "
+                             f"{MAX_CACHE_LEN} positions, got {cache.shape[2]} rows and {cache.shape[4]} positions: "
+                             f"decode in smaller batches, or with compile=False")
         return tuple(a.contiguous() for a in args)
 
     def _load(self, words: int):

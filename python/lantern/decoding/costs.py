@@ -200,10 +200,12 @@ def cache_key(device: torch.device, target, drafter, mode: dict) -> dict:
 
 
 def staleness_stamp() -> dict:
-    """What invalidates a measured cost model without changing its key."""
+    """What invalidates a measured cost model without changing its key: the cache format, torch, the active
+    backend, and lantern's code (its source and built extension: a faster kernel or loop changes the costs)."""
     from .._backend import active_backend
+    from .._version import source_digest
 
-    return {"format": FORMAT, "torch": torch.__version__, "backend": active_backend()}
+    return {"format": FORMAT, "torch": torch.__version__, "backend": active_backend(), "lantern": source_digest()}
 
 
 def cache_path(key: dict, directory: Optional[Path] = None) -> Path:
