@@ -153,6 +153,33 @@ def test_a_failed_compile_leaves_no_package(monkeypatch, tmp_path):
     assert list((tmp_path / "aot").iterdir()) == []
 
 
+def test_one_process_compiles_a_package_the_others_wait_for_it(monkeypatch, tmp_path):
+    """Processes that start together (torchrun ranks) compile a package once: the others wait on its lock file,
+    then load what the first wrote. Four threads here, each with its own lock object (as processes have)."""
+    import threading
+    import time
+
+    calls = []
+
+    def slow_compile(module, words, path):
+        calls.append(path)
+        time.sleep(0.3)
+        path.write_bytes(b"package")
+
+    monkeypatch.setattr(aot, "compile_package", slow_compile)
+    target, _ = small_models()
+    path = tmp_path / "aot" / "TreeForward-x.pt2"
+    compiled = []
+    threads = [threading.Thread(target=lambda: compiled.append(aot.ensure_package(aot.TreeForward(target), 1, path)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and sorted(compiled) == [False, False, False, True] and path.read_bytes() == b"package"
+    assert not aot.ensure_package(aot.TreeForward(target), 1, path)  # there already: nothing to do
+
+
 def test_inputs_of_the_wrong_dtype_are_refused():
     target, _ = small_models()
     forward = aot.AotForward(aot.TreeForward(target), "target forward", "cpu")

@@ -233,6 +233,23 @@ def compile_package(module: nn.Module, words: int, path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
+def ensure_package(module: nn.Module, words: int, path: Path) -> bool:
+    """Compiles the package into ``path`` unless it is there -> whether this call compiled it. One process
+    compiles a package at a time: the others (``torchrun`` ranks starting together) wait on a lock file beside
+    it, then find it there."""
+    if path.exists():
+        return False
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # the lock file stays: deleting it while another process waits on it would let a third lock a new file
+    with FileLock(str(path.with_suffix(".lock"))):
+        if path.exists():
+            return False
+        compile_package(module, words, path)
+        return True
+
+
 _EVENTS: List[Tuple[str, str, float]] = []  # this process's (what, package, seconds): "compiled" or "loaded"
 
 
@@ -289,9 +306,8 @@ class AotForward:
 
     def _load(self, words: int):
         path = package_dir() / f"{package_key(self.module, words, self.backend)}.pt2"
-        if not path.exists():
-            t0 = time.perf_counter()
-            compile_package(self.module, words, path)
+        t0 = time.perf_counter()
+        if ensure_package(self.module, words, path):
             self._record("seen", words, time.perf_counter() - t0, path)
         t0 = time.perf_counter()
         runner = torch._inductor.aoti_load_package(str(path))
