@@ -311,3 +311,15 @@ def test_lantern_generate_reports_the_packages(tmp_path, monkeypatch, capsys):
     after = aot.process_summary()
     assert packages == after and after["loaded"] >= before["loaded"] + 2  # the target's and the drafter's
     assert "compiled forwards: " in capsys.readouterr().out
+
+
+def test_packages_serve_cpu_models_only():
+    """A run with packages wraps lantern's CPU models in them, and leaves a model elsewhere (here on the meta
+    device) to torch.compile."""
+    from lantern.decoding.compiled import CompiledTarget
+    from lantern.models import build_gpt
+
+    assert isinstance(compiled_target(small_models()[0], aot_run(CompileStats())), aot.AotTarget)
+    with torch.device("meta"):
+        elsewhere = build_gpt("GPT-tiny", n_layer=1, n_head=2, dim=32, vocab_size=64, num_classes=5, block_size=16)
+    assert isinstance(compiled_target(elsewhere, aot_run(CompileStats())), CompiledTarget)

@@ -74,6 +74,12 @@ def supports(model) -> bool:
     return type(model) in (Transformer, EagleDrafter)
 
 
+def model_device(model) -> torch.device:
+    """The device of a target's or a drafter's weights."""
+    inner = getattr(model, "model", model)  # a GPTDrafter's model
+    return next(inner.parameters()).device
+
+
 # ---------------------------------------------------------------------------------------------------------
 # What a package is exported from
 

@@ -368,7 +368,7 @@ def _aot_backend(model, run: CompiledRun) -> Optional[str]:
     from .._backend import run_backends
     from . import aot
 
-    if not run.aot or not aot.supports(model):
+    if not run.aot or not aot.supports(model) or aot.model_device(model).type != "cpu":
         return None
     return run_backends(torch.device("cpu"))["tree_attention"]
 
