@@ -72,6 +72,9 @@ def test_a_callback_starting_a_call_on_its_own_model_raises(gpt):
 
 
 def test_a_waiting_call_starts_when_the_model_is_free(gpt):
+    """Each call notes its tokens while it holds the model (its on_token callback): every token of the first
+    call comes before any of the second's, which started while the first was sleeping in its first token. (The
+    note is taken inside the calls: after a call returns, the other thread may run before it appends anything.)"""
     order = []
     first_running = threading.Event()
 
@@ -80,17 +83,16 @@ def test_a_waiting_call_starts_when_the_model_is_free(gpt):
             if step == 0:
                 first_running.set()
                 time.sleep(0.2)  # hold the model a while
+            order.append("first")
         generate_ar(gpt, torch.tensor([0]), on_token=note)
-        order.append("first")
 
     def second():
         first_running.wait()
-        generate_ar(gpt, torch.tensor([1]), length=2)
-        order.append("second")
+        generate_ar(gpt, torch.tensor([1]), length=2, on_token=lambda step: order.append("second"))
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=600)
-    assert order == ["first", "second"]
+    assert order == ["first"] * gpt.config.block_size + ["second"] * 2
