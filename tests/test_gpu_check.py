@@ -90,13 +90,17 @@ def test_output_files_are_written_whole(tmp_path):
 
 def test_targets_read_the_steps_figures():
     steps = [dict(name="memcheck", figures=dict(errors=0)), dict(name="e2e", figures=dict(
-        greedy=dict(equal=True), speedups={"B=1": {"lantern graphs": 1.2}})),
+        greedy=dict(equal=True), speedups={"B=1": {"lantern graphs": 1.2}},
+        vs_reference={"B=1": {"lantern graphs": 1.6}, "B=8": {"lantern graphs": 1.1}})),
         dict(name="cost_curve", figures={"GPT-XL": {"B=1": dict(t16_over_t1=1.1)}})]
     found = gpu_check.targets(steps)
     assert found["memcheck errors"]["met"] is True
     assert found["greedy tokens on the GPU equal the CPU path's"]["met"] is True
     assert found["LANTERN with CUDA graphs / compiled AR, tiny model, batch 1 (speed-up)"] == dict(
         value=1.2, limit=1.5, met=False)
+    assert found["LANTERN with CUDA graphs / the compiled reference AR loop (bench/reference_ar.py), batch 1"] == dict(
+        value=1.6, limit=1.5, met=True)
+    assert found["LANTERN with CUDA graphs / the compiled reference AR loop, batch 8"]["met"] is False
     assert found["GPT-XL shape, batch 1: 16-node tree forward / 1-node forward"]["met"] is True
     assert found["verify B=1 T=59 V=16384 time / one read of its logits at copy bandwidth"]["met"] is None
 
@@ -195,6 +199,7 @@ def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
         assert steps[name]["status"] == "passed" and steps[name]["checks"]["passed"] > 0, name
     assert steps["e2e"]["figures"]["greedy"]["equal"] is True
     assert "lantern eager" in steps["e2e"]["figures"]["seconds"]["B=1"]
+    assert steps["e2e"]["figures"]["vs_reference"]["B=1"]["reference graphs"] == 1.0  # the anchor ran
     assert steps["cost_curve"]["figures"]["GPT-XL"]["B=1"]["T=16"] > 0
     with tarfile.open(tmp_path / "logs.tar.gz") as tar:
         names = tar.getnames()

@@ -296,6 +296,10 @@ def targets(steps: List[Dict]) -> Dict:
             _figure(steps, "microbench", "verify_over_logits_read"), 3.0, lambda v: v <= 3.0),
         "LANTERN with CUDA graphs / compiled AR, tiny model, batch 1 (speed-up)": target(
             _figure(steps, "e2e", "speedups", "B=1", "lantern graphs"), 1.5, lambda v: v >= 1.5),
+        "LANTERN with CUDA graphs / the compiled reference AR loop (bench/reference_ar.py), batch 1": target(
+            _figure(steps, "e2e", "vs_reference", "B=1", "lantern graphs"), 1.5, lambda v: v >= 1.5),
+        "LANTERN with CUDA graphs / the compiled reference AR loop, batch 8": target(
+            _figure(steps, "e2e", "vs_reference", "B=8", "lantern graphs"), 1.2, lambda v: v >= 1.2),
         "GPT-XL shape, batch 1: 16-node tree forward / 1-node forward": target(
             _figure(steps, "cost_curve", "GPT-XL", "B=1", "t16_over_t1"), 1.3, lambda v: v <= 1.3),
     }

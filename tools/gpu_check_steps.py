@@ -384,8 +384,16 @@ E2E_METHODS = {
 }
 
 
-E2E_ORDER = (("ar", "graphs"), ("lantern", "graphs"), ("ar", "eager"), ("lantern", "eager"), ("sjd", "eager"),
-             ("sjd", "graphs"))
+E2E_ORDER = (("reference", "graphs"), ("ar", "graphs"), ("lantern", "graphs"), ("ar", "eager"), ("lantern", "eager"),
+             ("sjd", "eager"), ("sjd", "graphs"))
+
+
+def _reference_ar(gpt, compile: bool):
+    """bench/reference_ar.py's compiled AR loop over ``gpt``'s weights (CUDA graphs on a GPU; eager in a
+    rehearsal, where inductor's compile would take most of its budget)."""
+    from bench.reference_ar import ReferenceAR, ReferenceGPT
+
+    return ReferenceAR(ReferenceGPT.from_lantern(gpt), compile=compile)
 
 
 def _small_models(device: torch.device):
@@ -434,11 +442,20 @@ def _e2e_speed(r: Results, ctx: Context) -> None:
     compile_opt = {"backend": "aot_eager"} if ctx.rehearse else True  # True: reduce-overhead (CUDA graphs)
     batches = (1,) if ctx.rehearse else (1, 8, 64)
     repeats = 1 if ctx.rehearse else 3
+    reference = _reference_ar(gpt, compile=not ctx.rehearse)
     for B in batches:
         labels = (torch.arange(B) % gpt.config.num_classes).to(ctx.device)
         times, taus = {}, {}
         for name, mode in E2E_ORDER:
             key = f"{name} {mode}"
+            if name == "reference":  # the gpt-fast-style loop every speed-up is held against (bench/reference_ar.py)
+                if r.has_time(f"B={B} {key}", 20.0):
+                    with r.case(f"e2e B={B} {key}"):
+                        times[key], _ = _time_generate(r, ctx, B, key, lambda seed: (reference.generate(
+                            labels, cfg_scale=sampling["cfg_scale"], temperature=sampling["temperature"],
+                            top_k=sampling["top_k"], seed=seed), None), repeats)
+                        r.check(f"e2e B={B} {key} ran", True)
+                continue
             options = dict(E2E_METHODS[name])
             if name == "lantern":
                 options.update(drafter=drafter, neighbours=table, k=min(options["k"], table.shape[1]))
@@ -456,6 +473,9 @@ def _e2e_speed(r: Results, ctx: Context) -> None:
             base = times.get("ar graphs")
             if base:
                 r.put({k: round(base / t, 3) for k, t in times.items()}, "speedups", f"B={B}")
+            anchor = times.get("reference graphs")
+            if anchor:
+                r.put({k: round(anchor / t, 3) for k, t in times.items()}, "vs_reference", f"B={B}")
             if B == 1 and key == "lantern graphs" and key in times and r.has_time("B=1 lantern graphs profile", 10.0):
                 with r.case("e2e B=1 lantern graphs profile"):
                     _profile_generate(r, ctx, lambda: lantern.generate(gpt, labels, **options, **sampling, seed=99))
