@@ -219,6 +219,28 @@ def test_the_eagle_drafter_package_gives_the_eager_commit_and_expand():
         assert_close_all(outs[1], outs[0])
 
 
+@pytest.mark.slow  # the drafter's package (compiled by the test above when both run)
+@torch.no_grad()
+def test_a_drafter_bound_to_another_target_reads_that_targets_embedding():
+    """The EAGLE drafter reads its target's token embedding, which is not its own parameter: bound to another
+    target between runs, the package computes with the new target's embedding."""
+    first, drafter = small_models(seed=0)
+    second, _ = small_models(seed=9)
+    tokens, features = torch.randint(0, 64, (2, 3)), torch.randn(2, 3, 64)
+    positions, n_new = torch.arange(3).expand(2, 3), torch.tensor([3, 2])
+
+    def commit(model):
+        drafter.reset(None, 2, 16)
+        return model.commit(tokens, features, n_new, positions)[1]
+
+    commit(compiled_drafter(drafter, torch.device("cpu"), aot_run(CompileStats())))  # bound to the first
+    drafter.bind(second)
+    got = commit(compiled_drafter(drafter, torch.device("cpu"), aot_run(CompileStats())))  # a new run
+    torch.testing.assert_close(got, commit(drafter), rtol=1e-5, atol=1e-5)
+    drafter.bind(first)
+    assert not torch.allclose(got, commit(drafter))  # the embedding matters
+
+
 @torch.no_grad()
 def loop_tokens(target, drafter, tree: str, temperature: float, compile, method="spec", labels=(1, 3, 4), **kw):
     config = SpecConfig(method=method, tree=tree, depth=3, n_nodes=8, top_per_node=3, compile=compile, **kw)

@@ -104,6 +104,9 @@ class TreeForward(nn.Module):
         super().__init__()
         self.model = model
 
+    def sync(self) -> None:
+        """Nothing to follow: every tensor the forward reads is the model's own."""
+
     def forward(self, cache, tokens, cache_len, positions, tree_mask):
         torch._check(cache.shape[2] == tokens.shape[0])  # the cache holds the forward's rows (and no others)
         with _bound_cache(self.model, cache):
@@ -138,6 +141,11 @@ class EaglePredict(nn.Module):
         super().__init__()
         self.drafter = drafter
         self.embedding = drafter._target[0]
+
+    def sync(self) -> None:
+        """Follows the drafter's binding: ``drafter.bind(another_target)`` changes the embedding it reads."""
+        if self.embedding is not self.drafter._target[0]:
+            self.embedding = self.drafter._target[0]
 
     def forward(self, cache, tokens, features, positions, cache_len, tree_mask):
         from ..models.gpt import CacheStep
@@ -294,6 +302,7 @@ class AotForward:
         reassigned parameter replaces them; the package may not even fit the new dtype), so that the next call
         loads the right package and binds the model's current tensors. A run holds its models
         (``exclusive.holds_models``), so they do not change during it."""
+        self.module.sync()
         state = _state(self.module)
         if any(any(state.get(name) is not t for name, t in self.bound[words].items()) for words in self.runners):
             self.runners.clear()
