@@ -22,6 +22,7 @@ lengths in range) are the callers', as for every compiled forward (docs/compile.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import time
@@ -39,8 +40,10 @@ WORD = 32  # nodes per word of a packed tree mask: a package serves the node cou
 MAX_ROWS = 1 << 14  # the dynamic dimensions' upper bounds (what the generated code's index arithmetic assumes)
 MAX_CACHE_LEN = 1 << 16
 INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}  # weights are bound at load time
+CACHE_BUFFERS = ("kv_cache", "cond_keys")  # the models' per-run buffers: never a package's constants
 
 
+@functools.lru_cache(maxsize=None)
 def unavailable() -> Optional[str]:
     """Why AOT-compiled forwards cannot run here, or None: the torch features they use (AOTInductor packages,
     constants bound at load time without a copy, size-oblivious export)."""
@@ -72,12 +75,6 @@ def supports(model) -> bool:
     if type(model) is GPTDrafter:
         model = model.model
     return type(model) in (Transformer, EagleDrafter)
-
-
-def model_device(model) -> torch.device:
-    """The device of a target's or a drafter's weights."""
-    inner = getattr(model, "model", model)  # a GPTDrafter's model
-    return next(inner.parameters()).device
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -182,7 +179,7 @@ def _state(module: nn.Module) -> Dict[str, torch.Tensor]:
     """The tensors a package of ``module`` binds at load time: its parameters and buffers by name (the caches
     are inputs, never constants)."""
     state = dict(module.named_parameters())
-    state.update((name, b) for name, b in module.named_buffers() if not name.endswith(("kv_cache", "cond_keys")))
+    state.update((name, b) for name, b in module.named_buffers() if not name.endswith(CACHE_BUFFERS))
     return state
 
 
@@ -211,7 +208,7 @@ def _node_range(words: int) -> Tuple[int, int]:
 def _caches_put_aside(module: nn.Module):
     """The model's cache buffers are None while it is exported (a run may hold them): export would lift a
     buffer into the package as a constant, and the forward's cache is an input instead."""
-    held = [(m, name, getattr(m, name)) for m in module.modules() for name in ("kv_cache", "cond_keys")
+    held = [(m, name, getattr(m, name)) for m in module.modules() for name in CACHE_BUFFERS
             if name in getattr(m, "_buffers", {})]
     for m, name, _ in held:
         setattr(m, name, None)
@@ -425,10 +422,6 @@ class AotEagleDrafter:
 
     def __getattr__(self, name):
         return getattr(self.drafter, name)
-
-
-def aot_target(model, backend: str, kind: str = "target") -> AotTarget:
-    return AotTarget(model, backend, kind)
 
 
 def aot_drafter(drafter, backend: str):

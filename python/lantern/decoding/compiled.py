@@ -367,8 +367,9 @@ def _aot_backend(model, run: CompiledRun) -> Optional[str]:
     AOT-compile ``model``."""
     from .._backend import run_backends
     from . import aot
+    from .exclusive import model_device
 
-    if not run.aot or not aot.supports(model) or aot.model_device(model).type != "cpu":
+    if not run.aot or not aot.supports(model) or model_device(getattr(model, "model", model)).type != "cpu":
         return None
     return run_backends(torch.device("cpu"))["tree_attention"]
 
