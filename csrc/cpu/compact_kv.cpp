@@ -41,6 +41,14 @@ at::Tensor compact_kv_cpu(at::Tensor& cache, const at::Tensor& cache_len, const 
                       b, ", ", i, "] = ", start + row[i], " is outside [0, Lmax = ", g.Lmax, ")");
   }
 
+  // Rows whose kept nodes are already in place (path_nodes[b, i] == i for i < n_keep[b]: a chain's accepted
+  // prefix, an AR step's root) move nothing; skipping them leaves the cache's memory untouched, which matters
+  // because each (leading, b, head) row is a cache line of its own, cold after the forward that wrote it.
+  std::vector<char> moves(static_cast<size_t>(g.B), 0);
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t i = 0; i < keep[b] && !moves[b]; ++i) moves[b] = path[b * g.P + i] != i;
+  if (std::find(moves.begin(), moves.end(), 1) == moves.end()) return at::add(cache_len, n_keep);
+
   // One (leading, b, head) row of Lmax x Dh elements per task: gather the kept positions into a buffer, then
   // write them back from cache_len on, so any order of kept nodes is safe. Bytes are copied, so one code path
   // serves every dtype.
@@ -51,6 +59,7 @@ at::Tensor compact_kv_cpu(at::Tensor& cache, const at::Tensor& cache_len, const 
     std::vector<char> buf(static_cast<size_t>(g.P * row_bytes));  // [P, Dh] bytes
     for (int64_t r = lo; r < hi; ++r) {
       const int64_t b = (r / g.H) % g.B, start = len[b], n = keep[b];
+      if (!moves[b]) continue;
       char* head = base + r * g.Lmax * row_bytes;  // [Lmax, Dh] of this (leading, b, head)
       for (int64_t i = 0; i < n; ++i)
         std::memcpy(buf.data() + i * row_bytes, head + (start + path[b * g.P + i]) * row_bytes, row_bytes);

@@ -116,6 +116,17 @@ def test_zero_and_full_keep(backend, device):
     check(cache, *args)  # row 2 ends exactly at Lmax
 
 
+def test_rows_in_place_beside_rows_that_move(backend, device):
+    """Rows whose kept nodes are already in place (a chain's accepted prefix: path_nodes[b, i] == i for
+    i < n_keep[b]) beside rows that move only past their first node, or only at their last kept one."""
+    cache = torch.randn(2, 2, 5, 2, 12, 4, device=device)  # [layers, K/V, B, Hkv, Lmax, Dh]
+    path = torch.tensor([[0, 1, 2], [0, 2, -1], [0, 1, 3], [0, 1, 3], [1, 2, 3]], device=device)
+    keep = torch.tensor([3, 2, 3, 2, 1], device=device)
+    check(cache, torch.tensor([0, 3, 5, 7, 2], device=device), path, keep)
+    in_place = path[:1].clone()
+    check(cache, torch.tensor([4], device=device).expand(5).contiguous(), in_place.expand(5, -1).contiguous(), keep)
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10**9), B=st.integers(1, 4), P=st.integers(1, 6), n_lead=st.integers(0, 2))
 def test_property_matches_brute_force(seed, B, P, n_lead):

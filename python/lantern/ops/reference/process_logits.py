@@ -4,6 +4,8 @@ Math runs in float32 (float64 when the logits are float64, for the exact oracle 
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -57,8 +59,10 @@ def top_p_mask(pi: torch.Tensor, top_p) -> torch.Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-def masked_softmax(l: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    l = torch.where(keep, l, float("-inf"))
+def masked_softmax(l: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    """softmax of l over the tokens ``keep`` holds (None: every token)."""
+    if keep is not None:
+        l = torch.where(keep, l, float("-inf"))
     w = torch.exp(l - l.max(dim=-1, keepdim=True).values)
     return w / w.sum(dim=-1, keepdim=True)
 
@@ -71,10 +75,18 @@ def _is_on(setting, on) -> bool:
     return bool(on(torch.as_tensor(setting)).any())
 
 
+def _plain(temperature, top_k, top_p) -> bool:
+    """Settings given as numbers that leave every token in: a temperature above 0, no top-k, no top-p."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (temperature, top_k, top_p))
+    return numbers and temperature > 0 and top_k == 0 and top_p >= 1
+
+
 def process_logits(logits, uncond_logits=None, cfg_scale=1.0, temperature=1.0, top_k=0, top_p=1.0):
     """[..., V] logits -> [..., V] probabilities (float32, or float64 for float64 logits).
     Rows with temperature 0 (greedy) get the unfiltered softmax of the guided logits."""
     l = guide(logits, uncond_logits, cfg_scale)
+    if _plain(temperature, top_k, top_p):  # the same values as below, without the no-op masks
+        return masked_softmax(l if temperature == 1 else l / row_setting(temperature, l, l.dtype), None)
     temp = row_setting(temperature, l, l.dtype)
     greedy = temp == 0
     scaled = l / torch.where(greedy, torch.ones_like(temp), temp)
