@@ -18,7 +18,6 @@ import torch
 
 from lantern import ops
 from lantern.decoding import SpecConfig, generate_spec
-from lantern.decoding.state import DecodeState
 from lantern.models import build_gpt
 from lantern.models.drafter import GPTDrafter
 from lantern.ops.reference import verify as reference_verify
@@ -92,10 +91,6 @@ def test_negative_control_wrong_residual_fails(models, monkeypatch, compile):
         return reference_verify.verify(*args, **kwargs, faults=("wrong_residual",))
 
     monkeypatch.setattr(ops, "verify", broken)
-    # compiled, a step's verify runs inside its VerifyCommit package, which a patched ops.verify does not reach:
-    # the control keeps that step eager (the package gives the eager step's tokens: tests/decoding/test_aot.py),
-    # so it still shows the test's power on the compiled forwards' samples
-    monkeypatch.setattr(DecodeState, "packaged_tail", lambda self, proposal: False)
     exact = exact_first_two(models[0], 1).reshape(-1)
     config = dataclasses.replace(EXACT_CONFIGS[0], compile=compile)
     assert_fails_widely(g_test(joint_counts(run(models, config)), exact), "wrong residual")
