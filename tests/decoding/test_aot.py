@@ -12,7 +12,7 @@ import torch
 
 import lantern
 from lantern import ops
-from lantern.decoding import SpecConfig, aot, generate_ar, generate_spec, step_tail
+from lantern.decoding import SpecConfig, aot, generate_ar, generate_spec
 from lantern.decoding.compiled import CompiledRun, CompileStats, compiled_drafter, compiled_target
 from lantern.decoding.trees import depths_from_mask
 from lantern.models.drafter import GPTDrafter, partial_tree_mask
@@ -312,13 +312,13 @@ def test_the_step_after_the_forward_runs_as_one_package_with_the_eager_values(mo
 
 
 def test_a_verify_and_commit_package_is_named_by_its_settings():
-    settings = step_tail.TailSettings(64, torch.float32, torch.float32, True, -1, True, (4, 4, 0.2, None, "candidate"),
+    settings = aot.TailSettings(64, torch.float32, torch.float32, True, -1, True, (4, 4, 0.2, None, "candidate"),
                                 ("cpu", "cpu"))
-    key = aot.package_key(step_tail.VerifyCommit(settings), 1, "cpu")
-    assert key == aot.package_key(step_tail.VerifyCommit(dataclasses.replace(settings)), 1, "cpu")
+    key = aot.package_key(aot.VerifyCommit(settings), 1, "cpu")
+    assert key == aot.package_key(aot.VerifyCommit(dataclasses.replace(settings)), 1, "cpu")
     for change in (dict(guided=False), dict(cfg_interval=5), dict(sampled=False), dict(rule=None),
                    dict(rule=(4, 4, 0.3, None, "candidate")), dict(dtype=torch.bfloat16), dict(vocab=128)):
-        assert aot.package_key(step_tail.VerifyCommit(dataclasses.replace(settings, **change)), 1, "cpu") != key, change
+        assert aot.package_key(aot.VerifyCommit(dataclasses.replace(settings, **change)), 1, "cpu") != key, change
 
 
 @pytest.mark.slow

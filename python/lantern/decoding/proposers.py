@@ -16,8 +16,7 @@ from .compiled import CompiledRun, bucket, compiled_drafter
 from .config import Sampling, SpecConfig
 from .jacobi import JacobiWindow
 from .plans import Plan, static_shape
-from .state import DecodeState, Outcome, Proposal, StepFigures
-from .step_tail import AcceptanceRule
+from .state import AcceptanceRule, DecodeState, Outcome, Proposal, StepFigures
 from .trees import DraftScorer, Tree, grow_chain, grow_dynamic, grow_static, guided_logits
 
 

@@ -26,8 +26,20 @@ from .ar import condition_masks, nonfinite_logits, sample_next
 from .compiled import CompiledRun, compiled_target, pad_room
 from .config import Sampling
 from .plans import Plan
-from .step_tail import AcceptanceRule, TailSettings, VerifyCommit, settle, verify_trees
-from .trees import depths_from_mask
+from .trees import depths_from_mask, unguided_past_interval
+
+
+@dataclass(frozen=True)
+class AcceptanceRule:
+    """How ``ops.verify`` relaxes the acceptance of drafts over LANTERN's latent neighbours (None: exact)."""
+    neighbours: torch.Tensor  # [V, K] int32
+    k: int
+    delta: float
+    lam: Optional[float]
+    budget: str
+
+    def verify_options(self) -> dict:
+        return dict(k=self.k, delta=self.delta, lam=self.lam, budget=self.budget)
 
 
 @dataclass
@@ -92,11 +104,67 @@ class StepFigures:
         return self.values[4 + self.plan.depth :]
 
 
+def step_figures(n_emit, accept_len, active, to_go, depth: int, broken) -> torch.Tensor:
+    """int64 [4 + 2 depth]: tokens emitted, active rows, the longest row's tokens, broken logits (0/1), then
+    for d = 1..depth the active rows that accepted depth d (hits), then those that reached depth d - 1 with
+    depth d inside the image (trials); to_go [B] = tokens each row still needed before the step."""
+    d = torch.arange(1, depth + 1, device=n_emit.device)
+    inside = (to_go[:, None] >= d) & active[:, None]  # [B, depth]
+    hits = ((accept_len[:, None] >= d) & inside).sum(0)
+    trials = ((accept_len[:, None] >= d - 1) & inside).sum(0)
+    head = torch.stack([n_emit.sum(), active.sum(), n_emit.max(), broken.to(torch.int64)])
+    return torch.cat([head, hits, trials])
+
+
 def progress(n_done: torch.Tensor, L: int, max_depth: int) -> torch.Tensor:
     """int64 [1 + max_depth]: the rows still generating (n_done [B] < L), then for d = 1..max_depth those
     with at least d + 1 tokens to go."""
     to_go = (L - n_done)[:, None] - torch.arange(max_depth + 1, device=n_done.device)  # [B, D + 1]
     return (to_go >= 1).sum(0)
+
+
+def emit_counts(accept_len, n_done, L):
+    """Tokens each row keeps from this step: accepted + 1, but never past the image end."""
+    return torch.minimum(accept_len + 1, L - n_done).clamp(min=0)
+
+
+EXACT = dict(k=0, delta=0.0, lam=None, budget="candidate")  # verify's options without a relaxation
+
+
+def verify_trees(logits, tokens, parents, depth, draft_probs, n_done, s: Sampling, rule: Optional[AcceptanceRule],
+                 offset, backend: str):
+    """ops.verify of the cond rows' trees, guided by the uncond rows: logits [n_rows, T, V] (both halves
+    when guided), tokens / parents / depth [B, T], draft_probs [B, T, V] or None, n_done [B]; relaxed by
+    ``rule`` only when the trees hold drafts (T > 1)."""
+    B = tokens.shape[0]
+    uncond = (unguided_past_interval(logits[:B], logits[B:], n_done[:, None] + depth, s.cfg_interval)
+              if s.guided else None)
+    relaxed = rule is not None and tokens.shape[1] > 1
+    return ops.verify(logits[:B], tokens, parents, rule.neighbours if relaxed else None, uncond_logits=uncond,
+                      cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                      draft_probs=draft_probs, seed=s.seed, offset=offset, rows=s.rows, backend=backend,
+                      **(rule.verify_options() if relaxed else EXACT))
+
+
+def settle(tokens, result, n_done, out, broken, depth: int):
+    """What a verified step keeps, before the caches: tokens [B, T] the trees, result ops.verify's, n_done [B]
+    committed tokens, out [B, L] the image tokens, broken [] bool -> (n_emit [B], the step's figures
+    (``step_figures``), kept nodes [B, T]: the root, then the accepted path, emitted [B, T]: the path's
+    tokens, then next_token, out with each row's emitted tokens written, never past L)."""
+    B, T = tokens.shape
+    L = out.shape[1]
+    active = n_done < L
+    n_emit = torch.where(active, emit_counts(result.accept_len, n_done, L), 0)  # [B]
+    figures = step_figures(n_emit, result.accept_len, active, L - n_done, depth, broken)
+    root = torch.zeros(B, 1, dtype=torch.int64, device=tokens.device)
+    kept_nodes = torch.cat([root, result.path.clamp(min=0)], 1)  # [B, T]
+    emitted = torch.cat([tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
+    j = torch.arange(T, device=tokens.device)
+    emitted = torch.where(j[None] < result.accept_len[:, None], emitted, result.next_token[:, None])
+    in_step = torch.arange(L, device=tokens.device)[None] - n_done[:, None]  # [B, L] index into emitted
+    written = (in_step >= 0) & (in_step < n_emit[:, None])  # never past L
+    out = torch.where(written, emitted.gather(1, in_step.clamp(0, T - 1)), out)
+    return n_emit, figures, kept_nodes, emitted, out
 
 
 class DecodeState:
@@ -234,12 +302,16 @@ class DecodeState:
     def packaged_tail(self, proposal: Proposal) -> bool:
         """Whether the step's verify and commit run as one AOT package (``packaged_commit``): where the target's
         forwards are AOT-compiled, for trees of drafts (2-64 nodes)."""
+        from .aot import VerifyCommit
+
         lo, hi = VerifyCommit.node_range(1)
         return self.tail_inputs is not None and lo <= proposal.tokens.shape[1] <= hi
 
     def packaged_commit(self, logits, proposal: Proposal, plan: Plan, step: int):
-        """``verify`` and ``commit`` in one call of the target's ``step_tail.VerifyCommit`` package: the same values,
+        """``verify`` and ``commit`` in one call of the target's ``aot.VerifyCommit`` package: the same values,
         without the ~100 eager ops between them. -> (VerifyResult, n_emit, figures, kept nodes, emitted)"""
+        from .aot import TailSettings
+
         rule = None if self.rule is None else (self.rule.neighbours.shape[1], self.rule.k, self.rule.delta,
                                                self.rule.lam, self.rule.budget)
         sampled = proposal.draft_probs is not None
@@ -252,7 +324,7 @@ class DecodeState:
         if depths is None:
             depths = run["depths"][plan.depth] = torch.arange(1, plan.depth + 1, device=self.device)
         broken = run["not_broken"] if proposal.broken is None else proposal.broken
-        outs = self.target.tail(settings, lambda: VerifyCommit(settings))(
+        outs = self.target.tail(settings)(
             self.target.kv_cache, logits, proposal.tokens, proposal.parents, proposal.depth, proposal.draft_probs,
             None if self.rule is None else self.rule.neighbours, self.n_done, self.out, self.target_len, live,
             run["cfg_scale"], run["temperature"], run["top_k"], run["top_p"], run["seed"],
