@@ -315,9 +315,8 @@ class DecodeState:
         rule = None if self.rule is None else (self.rule.neighbours.shape[1], self.rule.k, self.rule.delta,
                                                self.rule.lam, self.rule.budget)
         sampled = proposal.draft_probs is not None
-        backends = (self.backends["verify"], self.backends["compact_kv"])
         settings = TailSettings(logits.shape[-1], logits.dtype, self.target.kv_cache.dtype, self.s.guided,
-                                self.s.cfg_interval, sampled, rule, backends)
+                                self.s.cfg_interval, sampled, rule, (self.backends["verify"], self.backends["compact_kv"]))
         run = self.tail_inputs
         live = run["all_rows"] if self.live is None else self.live
         depths = run["depths"].get(plan.depth)
