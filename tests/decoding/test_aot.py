@@ -5,13 +5,10 @@ depends on and not with the weights; a later process loads it instead of compili
 with compile=True on a CPU run the packages and give the eager loops' tokens."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import lantern
-from lantern import ops
 from lantern.decoding import SpecConfig, aot, generate_ar, generate_spec
 from lantern.decoding.compiled import CompiledRun, CompileStats, compiled_drafter, compiled_target
 from lantern.decoding.trees import depths_from_mask
@@ -260,65 +257,6 @@ def test_the_speculative_loop_on_packages_gives_the_eager_tokens(tree, temperatu
     got, stats = loop_tokens(target, drafter, tree, temperature, True)
     assert torch.equal(got, want)
     assert stats.compile.startswith("on (compile=True: ahead-of-time")
-
-
-TAIL_CASES = [dict(method="lantern", tree="chain", temperature=1.0),
-              dict(method="lantern", tree="static", static_widths=(2, 2, 1), temperature=1.0, cfg_interval=20),
-              dict(method="spec", tree="dynamic", temperature=0.0),
-              dict(method="lantern", tree="chain", temperature=1.0, labels=tuple(range(5)) * 2)]
-
-
-@pytest.mark.slow  # a verify-and-commit package per kind of settings: ~15 s of CPU each
-@pytest.mark.parametrize("case", TAIL_CASES, ids=["lantern-chain", "lantern-static-interval", "spec-dynamic-greedy",
-                                                  "lantern-rows-leave"])
-@torch.no_grad()
-def test_the_step_after_the_forward_runs_as_one_package_with_the_eager_values(monkeypatch, case):
-    """Verify, the step's figures and the commit (the cache compaction of the live rows included) run as one
-    VerifyCommit package per step of drafts: the same tokens and per-step acceptance as the same loop with them
-    eager, and as the eager loop."""
-    from lantern.decoding import state
-
-    case = dict(case)
-    target, drafter = small_models()
-    labels, method, tree = case.pop("labels", (1, 3, 4)), case.pop("method"), case.pop("tree")
-    widths = case.pop("static_widths", (2, 1, 1))
-    table = ops.latent_neighbours(torch.randn(target.config.vocab_size, 4, generator=torch.Generator().manual_seed(1)),
-                                  4)
-    config = SpecConfig(method=method, tree=tree, depth=3, n_nodes=8, top_per_node=3, static_widths=widths,
-                        compile=True, **(dict(k=4, delta=0.2) if method == "lantern" else {}))
-
-    def run(compile):
-        return generate_spec(target, drafter, torch.tensor(labels), table if method == "lantern" else None,
-                             config=dataclasses.replace(config, compile=compile), cfg_scale=2.0, seed=3, **case)
-
-    calls, call = [], aot.AotForward.__call__
-
-    def counting(self, *args):
-        calls.append(self.kind)
-        return call(self, *args)
-
-    monkeypatch.setattr(aot.AotForward, "__call__", counting)
-    got, stats = run(True)
-    assert calls.count("verify and commit") == stats.steps > 0
-    with monkeypatch.context() as m:
-        m.setattr(state.DecodeState, "packaged_tail", lambda self, proposal: False)
-        calls.clear()
-        apart, apart_stats = run(True)
-        assert "verify and commit" not in calls
-    want, want_stats = run(False)
-    assert torch.equal(got, apart) and torch.equal(got, want)
-    for g, a, w in zip(stats.accept_lens, apart_stats.accept_lens, want_stats.accept_lens):
-        assert torch.equal(g, a) and torch.equal(g, w)
-
-
-def test_a_verify_and_commit_package_is_named_by_its_settings():
-    settings = aot.TailSettings(64, torch.float32, torch.float32, True, -1, True, (4, 4, 0.2, None, "candidate"),
-                                ("cpu", "cpu"))
-    key = aot.package_key(aot.VerifyCommit(settings), 1, "cpu")
-    assert key == aot.package_key(aot.VerifyCommit(dataclasses.replace(settings)), 1, "cpu")
-    for change in (dict(guided=False), dict(cfg_interval=5), dict(sampled=False), dict(rule=None),
-                   dict(rule=(4, 4, 0.3, None, "candidate")), dict(dtype=torch.bfloat16), dict(vocab=128)):
-        assert aot.package_key(aot.VerifyCommit(dataclasses.replace(settings, **change)), 1, "cpu") != key, change
 
 
 @pytest.mark.slow

@@ -22,7 +22,6 @@ lengths in range) are the callers', as for every compiled forward (docs/compile.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import os
@@ -93,24 +92,7 @@ def _bound_cache(model: nn.Module, cache: torch.Tensor):
         model.kv_cache = before
 
 
-class Packaged(nn.Module):
-    """What ``AotForward`` asks of a module it packages, with the forwards' defaults: the parts of its package's
-    name, the node counts of a package (by mask words) and the mask words of a call (its last input's)."""
-
-    def key_parts(self) -> List[str]:
-        inner = getattr(self, "model", None) or self.drafter
-        return [type(inner).__qualname__, repr(inner.config), repr(getattr(inner, "layout", None))]
-
-    @staticmethod
-    def node_range(words: int) -> Tuple[int, int]:
-        return _node_range(words)
-
-    @staticmethod
-    def words(args) -> int:
-        return args[-1].shape[-1]
-
-
-class TreeForward(Packaged):
+class TreeForward(nn.Module):
     """The GPT's cached forward over a tree per row: (cache [n_layer, 2, R, Hkv, Lmax, Dh], tokens [R, T],
     cache_len [R], positions [R, T], tree_mask [R, T, W]) -> (logits [R, T, V], hidden [R, T, D]); writes the
     nodes' K/V into cache. A chain (an AR step, T = 1) is the tree of a causal mask."""
@@ -146,7 +128,7 @@ class TreeForward(Packaged):
         return (self.model.tok_embeddings.weight.dtype, torch.int64, torch.int64, torch.int64, torch.int32)
 
 
-class EaglePredict(Packaged):
+class EaglePredict(nn.Module):
     """The EAGLE drafter's network over a tree per row: (cache, tokens [R, T], features [R, T, D], positions
     [R, T], cache_len [R], tree_mask [R, T, W]) -> predicted hidden states [R, T, D]; writes the nodes' K/V.
     The target's token embedding, which the drafter reads, is a submodule here, so that it is bound like the
@@ -189,110 +171,6 @@ class EaglePredict(Packaged):
         return (dtype, torch.int64, dtype, torch.int64, torch.int64, torch.int32)
 
 
-@dataclasses.dataclass(frozen=True)
-class TailSettings:
-    """What a ``VerifyCommit`` package is made for, besides the shapes: the run's settings that are not
-    tensors (they are in the package's name)."""
-
-    vocab: int
-    dtype: torch.dtype  # the logits'
-    cache_dtype: torch.dtype
-    guided: bool
-    cfg_interval: int
-    sampled: bool  # the drafts carry draft_probs
-    rule: Optional[Tuple]  # (K, k, delta, lam, budget) of LANTERN's relaxation; None: exact
-    backends: Tuple[str, str]  # verify's, compact_kv's
-
-
-class VerifyCommit(Packaged):
-    """A drafting step after the target's forward (``state.verify_trees``, the logits' check, ``state.settle``,
-    ops.compact_kv of the live rows): (cache [n_layer, 2, R, Hkv, Lmax, Dh], logits [n_rows, T, V], tokens,
-    parents, depth [B, T], draft_probs [B, T, V] or None, neighbours [V, K] or None, n_done [B], out [B, L],
-    target_len [n_rows], live [R] (the model rows the cache holds), cfg_scale, temperature, top_k, top_p [B]
-    (as ops.verify's schema takes them), seed, offset [], rows [B], figure_depths [D] (its length is the
-    plan's depth), drafter_broken []) -> (accept_len, path, next_token, node_status, n_emit, figures,
-    kept_nodes, emitted, out, target_len); compacts the cache in place. n_rows = 2B when guided, else B."""
-
-    def __init__(self, settings: TailSettings):
-        super().__init__()
-        self.settings = settings
-
-    def key_parts(self) -> List[str]:
-        return [repr(self.settings)]
-
-    @staticmethod
-    def node_range(words: int) -> Tuple[int, int]:  # noqa: ARG004 (one package, whatever the mask)
-        return 2, WORD * 2  # trees of drafts; verify takes no mask, so one package serves up to 64 nodes
-
-    @staticmethod
-    def words(args) -> int:  # noqa: ARG004
-        return 1
-
-    def sync(self) -> None:
-        """Nothing to follow: the package holds no tensors of a model."""
-
-    def forward(self, cache, logits, tokens, parents, depth, draft_probs, neighbours, n_done, out, target_len, live,
-                cfg_scale, temperature, top_k, top_p, seed, offset, rows, figure_depths, drafter_broken):
-        from .config import Sampling
-        from .state import AcceptanceRule, settle, verify_trees
-
-        torch._check(cache.shape[2] == live.shape[0])  # the cache holds the live rows (and no others)
-        st = self.settings
-        halves = 2 if st.guided else 1
-        sampling = Sampling(cfg_scale if st.guided else 1.0, temperature, top_k, top_p, seed, st.cfg_interval, rows)
-        rule = None if st.rule is None else AcceptanceRule(neighbours, *st.rule[1:])
-        result = verify_trees(logits, tokens, parents, depth, draft_probs, n_done, sampling, rule, offset,
-                              st.backends[0])
-        broken = ~(logits.amax() < float("inf")) | drafter_broken  # ar.nonfinite_logits
-        n_emit, figures, kept_nodes, emitted, out = settle(tokens, result, n_done, out, broken,
-                                                           figure_depths.shape[0])
-        kept_len = ops.compact_kv(cache, target_len.index_select(0, live),
-                                  kept_nodes.repeat(halves, 1).index_select(0, live),
-                                  n_emit.repeat(halves).index_select(0, live), backend=st.backends[1])
-        return (*result, n_emit, figures, kept_nodes, emitted, out, target_len.index_copy(0, live, kept_len))
-
-    def example(self, rows: int, nodes: int, words: int):  # noqa: ARG002
-        st, B, L = self.settings, rows, 12
-        halves = 2 if st.guided else 1
-        i64 = dict(dtype=torch.int64)
-        real = self.real_dtype()
-        return (torch.zeros(3, 2, halves * B, 2, L + nodes + 8, 4, dtype=st.cache_dtype),
-                torch.zeros(halves * B, nodes, st.vocab, dtype=st.dtype),
-                torch.zeros(B, nodes, **i64), torch.arange(-1, nodes - 1).expand(B, nodes).contiguous(),
-                torch.arange(nodes).expand(B, nodes).contiguous(),
-                torch.full((B, nodes, st.vocab), 1.0 / st.vocab) if st.sampled else None,
-                torch.zeros(st.vocab, st.rule[0], dtype=torch.int32) if st.rule is not None else None,
-                torch.ones(B, **i64), torch.zeros(B, L, **i64), torch.full((halves * B,), 1, **i64),
-                torch.arange(halves * B), torch.ones(B, dtype=real), torch.ones(B, dtype=real),
-                torch.zeros(B, **i64), torch.ones(B, dtype=torch.float64), torch.zeros((), **i64),
-                torch.zeros((), **i64), torch.arange(B), torch.arange(1, nodes), torch.zeros((), dtype=torch.bool))
-
-    def dynamic_shapes(self, rows, nodes, length):
-        from torch.export import Dim
-
-        model_rows = 2 * rows if self.settings.guided else rows
-        live, image = Dim("live", min=1, max=MAX_ROWS), Dim("image", min=1, max=MAX_CACHE_LEN)
-        depths = Dim("depths", min=1, max=WORD * 2)
-        per_node = {0: rows, 1: nodes}
-        layers, heads, head_dim = (Dim(name, min=1, max=MAX_ROWS) for name in ("layers", "heads", "head_dim"))
-        return dict(cache={0: layers, 2: live, 3: heads, 4: length, 5: head_dim}, logits={0: model_rows, 1: nodes},
-                    tokens=per_node, parents=per_node,
-                    depth=per_node, draft_probs=per_node if self.settings.sampled else None, neighbours=None,
-                    n_done={0: rows}, out={0: rows, 1: image}, target_len={0: model_rows}, live={0: live},
-                    cfg_scale={0: rows}, temperature={0: rows}, top_k={0: rows}, top_p={0: rows}, seed=None,
-                    offset=None, rows={0: rows}, figure_depths={0: depths}, drafter_broken=None)
-
-    def real_dtype(self) -> torch.dtype:
-        """ops.verify's compute type on the CPU kernels (``library.compute_dtype``): its settings' type."""
-        return torch.float64 if self.settings.dtype == torch.float64 else torch.float32
-
-    def input_dtypes(self):
-        st, i64, real = self.settings, torch.int64, self.real_dtype()
-        return (st.cache_dtype, st.dtype, i64, i64, i64, torch.float32 if st.sampled else None,
-                torch.int32 if st.rule is not None else None, i64, i64, i64, i64, real, real, i64, torch.float64,
-                i64, i64, i64, i64, torch.bool)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Packages: their names, compiling and loading
 
@@ -307,8 +185,10 @@ def _state(module: nn.Module) -> Dict[str, torch.Tensor]:
 
 def package_key(module: nn.Module, words: int, backend: str) -> str:
     """The package's name: a digest of what its generated code depends on (see the module docstring)."""
+    inner = getattr(module, "model", None) or module.drafter
     parts = [source_digest(), torch.__version__, torch.backends.cpu.get_cpu_capability(), type(module).__name__,
-             *module.key_parts(), f"words {words}", f"tree_attention {backend}"]
+             type(inner).__qualname__, repr(inner.config), repr(getattr(inner, "layout", None)),
+             f"words {words}", f"tree_attention {backend}"]
     parts += [f"{name} {tuple(t.shape)} {t.dtype}" for name, t in sorted(_state(module).items())]
     return f"{type(module).__name__}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:20]}"
 
@@ -345,7 +225,7 @@ def compile_package(module: nn.Module, words: int, path: Path) -> None:
     import torch.fx.experimental._config as fx_config
     from torch.export import Dim
 
-    lo, hi = module.node_range(words)
+    lo, hi = _node_range(words)
     rows, nodes = Dim("rows", min=1, max=MAX_ROWS), Dim("nodes", min=lo, max=hi)
     length = Dim("length", min=1, max=MAX_CACHE_LEN)
     example = module.example(3, max(lo, min(4, hi)), words)
@@ -408,7 +288,7 @@ class AotForward:
 
     def __call__(self, *args):
         args = self._checked(args)
-        words = self.module.words(args)
+        words = args[-1].shape[-1]
         runner = self.runners.get(words)
         if runner is None:
             runner = self._load(words)
@@ -427,17 +307,14 @@ class AotForward:
 
     def _checked(self, args) -> tuple:
         for i, (a, dtype) in enumerate(zip(args, self.dtypes)):
-            if a is None and dtype is None:  # an input the package was made without
-                continue
-            if a is None or a.dtype != dtype or a.device.type != "cpu":
-                got = "None" if a is None else f"{a.dtype} on {a.device}"
-                raise ValueError(f"{self.kind}: input {i} must be a {dtype} CPU tensor, got {got}")
+            if a.dtype != dtype or a.device.type != "cpu":
+                raise ValueError(f"{self.kind}: input {i} must be a {dtype} CPU tensor, got {a.dtype} on {a.device}")
         cache = args[0]  # [n_layer, 2, rows, heads, length, head_dim]: the dimensions the package was made for
         if cache.shape[2] > MAX_ROWS or cache.shape[4] > MAX_CACHE_LEN:
             raise ValueError(f"{self.kind}: compiled forwards serve at most {MAX_ROWS} model rows and a cache of "
                              f"{MAX_CACHE_LEN} positions, got {cache.shape[2]} rows and {cache.shape[4]} positions: "
                              f"decode in smaller batches, or with compile=False")
-        return tuple(None if a is None else a.contiguous() for a in args)
+        return tuple(a.contiguous() for a in args)
 
     def _load(self, words: int):
         path = package_dir() / f"{package_key(self.module, words, self.backend)}.pt2"
@@ -493,21 +370,8 @@ class AotTarget:
 
     def __init__(self, model, backend: str, kind: str = "target"):
         self.model = model
-        self.backend = backend
         self.forward = AotForward(TreeForward(model), f"{kind} forward", backend)
-        self.tails: Dict[TailSettings, AotForward] = {}
-
-    @property
-    def functions(self) -> tuple:
-        return (self.forward, *self.tails.values())
-
-    def tail(self, settings: TailSettings) -> "AotForward":
-        """The ``VerifyCommit`` package of a run's settings (made once per wrapper)."""
-        tail = self.tails.get(settings)
-        if tail is None:
-            tail = self.tails[settings] = AotForward(VerifyCommit(settings), "verify and commit", self.backend)
-            tail.stats = self.forward.stats
-        return tail
+        self.functions = (self.forward,)
 
     def __call__(self, tokens=None, cond_idx=None, *, cache_len, positions=None, tree_mask=None,
                  return_hidden=False, emb_masks=None):

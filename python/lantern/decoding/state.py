@@ -20,8 +20,6 @@ import torch
 
 from .. import ops
 from .._backend import run_backends
-from ..ops import library
-from ..ops.reference.verify import VerifyResult
 from .ar import condition_masks, nonfinite_logits, sample_next
 from .compiled import CompiledRun, compiled_target, pad_room
 from .config import Sampling
@@ -128,45 +126,6 @@ def emit_counts(accept_len, n_done, L):
     return torch.minimum(accept_len + 1, L - n_done).clamp(min=0)
 
 
-EXACT = dict(k=0, delta=0.0, lam=None, budget="candidate")  # verify's options without a relaxation
-
-
-def verify_trees(logits, tokens, parents, depth, draft_probs, n_done, s: Sampling, rule: Optional[AcceptanceRule],
-                 offset, backend: str):
-    """ops.verify of the cond rows' trees, guided by the uncond rows: logits [n_rows, T, V] (both halves
-    when guided), tokens / parents / depth [B, T], draft_probs [B, T, V] or None, n_done [B]; relaxed by
-    ``rule`` only when the trees hold drafts (T > 1)."""
-    B = tokens.shape[0]
-    uncond = (unguided_past_interval(logits[:B], logits[B:], n_done[:, None] + depth, s.cfg_interval)
-              if s.guided else None)
-    relaxed = rule is not None and tokens.shape[1] > 1
-    return ops.verify(logits[:B], tokens, parents, rule.neighbours if relaxed else None, uncond_logits=uncond,
-                      cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                      draft_probs=draft_probs, seed=s.seed, offset=offset, rows=s.rows, backend=backend,
-                      **(rule.verify_options() if relaxed else EXACT))
-
-
-def settle(tokens, result, n_done, out, broken, depth: int):
-    """What a verified step keeps, before the caches: tokens [B, T] the trees, result ops.verify's, n_done [B]
-    committed tokens, out [B, L] the image tokens, broken [] bool -> (n_emit [B], the step's figures
-    (``step_figures``), kept nodes [B, T]: the root, then the accepted path, emitted [B, T]: the path's
-    tokens, then next_token, out with each row's emitted tokens written, never past L)."""
-    B, T = tokens.shape
-    L = out.shape[1]
-    active = n_done < L
-    n_emit = torch.where(active, emit_counts(result.accept_len, n_done, L), 0)  # [B]
-    figures = step_figures(n_emit, result.accept_len, active, L - n_done, depth, broken)
-    root = torch.zeros(B, 1, dtype=torch.int64, device=tokens.device)
-    kept_nodes = torch.cat([root, result.path.clamp(min=0)], 1)  # [B, T]
-    emitted = torch.cat([tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
-    j = torch.arange(T, device=tokens.device)
-    emitted = torch.where(j[None] < result.accept_len[:, None], emitted, result.next_token[:, None])
-    in_step = torch.arange(L, device=tokens.device)[None] - n_done[:, None]  # [B, L] index into emitted
-    written = (in_step >= 0) & (in_step < n_emit[:, None])  # never past L
-    out = torch.where(written, emitted.gather(1, in_step.clamp(0, T - 1)), out)
-    return n_emit, figures, kept_nodes, emitted, out
-
-
 class DecodeState:
     """A batch prefilled at construction (the condition, then the first token sampled as AR samples it) and
     stepped by ``step``. B images; with guidance each has two model rows [cond; uncond] (``n_rows`` = 2B)."""
@@ -189,7 +148,6 @@ class DecodeState:
         self.n_rows = cond.shape[0]
         self.halves = self.n_rows // B
         logits, hidden = self._prefill(cond, masks, plans)
-        self.tail_inputs = self._tail_inputs(logits.dtype)
         lc, lu = (logits[:B, -1], logits[B:, -1]) if sampling.guided else (logits[:, -1], None)
         first = sample_next(lc, lu, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
                             top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, offset=0,
@@ -283,69 +241,20 @@ class DecodeState:
     def step(self, plan: Plan, step: int):
         """One step of ``plan``: propose, one target forward, verify, commit, observe.
         -> (n_emit [B], drafter forwards)"""
-        n_done = self.n_done
-        active = n_done < self.L
+        n_done, L = self.n_done, self.L
+        active = n_done < L
         proposal = self.proposer.propose(self, plan, step)
         logits, hidden = self.forward(proposal)
-        if self.packaged_tail(proposal):
-            result, n_emit, figures, kept_nodes, emitted = self.packaged_commit(logits, proposal, plan, step)
-        else:
-            result = self.verify(logits, proposal, step)
-            broken = nonfinite_logits(logits)
-            if proposal.broken is not None:
-                broken = broken | proposal.broken
-            n_emit, figures, kept_nodes, emitted = self.commit(proposal.tokens, result, broken, plan.depth)
-        self.figures = StepFigures(plan, step, figures, result.accept_len, active)
+        result = self.verify(logits, proposal, step)
+        n_emit = torch.where(active, emit_counts(result.accept_len, n_done, L), 0)  # [B]
+        broken = nonfinite_logits(logits)
+        if proposal.broken is not None:
+            broken = broken | proposal.broken
+        self.figures = StepFigures(plan, step, step_figures(n_emit, result.accept_len, active, L - n_done,
+                                                            plan.depth, broken), result.accept_len, active)
+        kept_nodes, emitted = self.commit(proposal.tokens, result, n_emit)
         self.proposer.observe(self, plan, Outcome(result, n_done, n_emit, kept_nodes, emitted, logits, hidden), step)
         return n_emit, proposal.draft_forwards
-
-    def packaged_tail(self, proposal: Proposal) -> bool:
-        """Whether the step's verify and commit run as one AOT package (``packaged_commit``): where the target's
-        forwards are AOT-compiled, for trees of drafts (2-64 nodes)."""
-        from .aot import VerifyCommit
-
-        lo, hi = VerifyCommit.node_range(1)
-        return self.tail_inputs is not None and lo <= proposal.tokens.shape[1] <= hi
-
-    def packaged_commit(self, logits, proposal: Proposal, plan: Plan, step: int):
-        """``verify`` and ``commit`` in one call of the target's ``aot.VerifyCommit`` package: the same values,
-        without the ~100 eager ops between them. -> (VerifyResult, n_emit, figures, kept nodes, emitted)"""
-        from .aot import TailSettings
-
-        rule = None if self.rule is None else (self.rule.neighbours.shape[1], self.rule.k, self.rule.delta,
-                                               self.rule.lam, self.rule.budget)
-        sampled = proposal.draft_probs is not None
-        settings = TailSettings(logits.shape[-1], logits.dtype, self.target.kv_cache.dtype, self.s.guided,
-                                self.s.cfg_interval, sampled, rule, (self.backends["verify"], self.backends["compact_kv"]))
-        run = self.tail_inputs
-        live = run["all_rows"] if self.live is None else self.live
-        depths = run["depths"].get(plan.depth)
-        if depths is None:
-            depths = run["depths"][plan.depth] = torch.arange(1, plan.depth + 1, device=self.device)
-        broken = run["not_broken"] if proposal.broken is None else proposal.broken
-        outs = self.target.tail(settings)(
-            self.target.kv_cache, logits, proposal.tokens, proposal.parents, proposal.depth, proposal.draft_probs,
-            None if self.rule is None else self.rule.neighbours, self.n_done, self.out, self.target_len, live,
-            run["cfg_scale"], run["temperature"], run["top_k"], run["top_p"], run["seed"],
-            library.offset_tensor(step, self.device), run["rows"], depths, broken)
-        *verified, n_emit, figures, kept_nodes, emitted, self.out, self.target_len = outs
-        self.n_done = self.n_done + n_emit
-        return VerifyResult(*verified), n_emit, figures, kept_nodes, emitted
-
-    def _tail_inputs(self, logits_dtype: torch.dtype) -> Optional[dict]:
-        """The run's constant inputs of ``packaged_commit``, as ops.verify's schema takes them; None where the
-        target has no AOT packages."""
-        if self.compiled is None or not self.compiled.aot or not hasattr(self.target, "tail"):
-            return None
-        s, B, dev = self.s, self.B, self.device
-        real = torch.float64 if logits_dtype == torch.float64 else torch.float32  # library.compute_dtype's
-        rows = s.rows if s.rows is not None else torch.arange(B, device=dev)
-        return dict(cfg_scale=library.row_setting(s.cfg_scale, B, real, dev),
-                    temperature=library.row_setting(s.temperature, B, real, dev),
-                    top_k=library.row_setting(s.top_k, B, torch.int64, dev),
-                    top_p=library.row_setting(s.top_p, B, torch.float64, dev), seed=library.seed_tensor(s.seed, dev),
-                    rows=rows.to(torch.int64).contiguous(), all_rows=torch.arange(self.n_rows, device=dev),
-                    not_broken=torch.zeros((), dtype=torch.bool, device=dev), depths={})
 
     def forward(self, proposal: Proposal):
         """The target over every live row's tree -> (logits [n_rows, T, V], hidden [n_rows, T, D])."""
@@ -368,23 +277,38 @@ class DecodeState:
 
     def verify(self, logits: torch.Tensor, proposal: Proposal, offset: int):
         """ops.verify of the cond rows' trees (guided by the uncond rows); relaxed only with drafts."""
-        return verify_trees(logits, proposal.tokens, proposal.parents, proposal.depth, proposal.draft_probs,
-                            self.n_done, self.s, self.rule, offset, self.backends["verify"])
+        s, B = self.s, self.B
+        uncond = (unguided_past_interval(logits[:B], logits[B:], self.n_done[:, None] + proposal.depth,
+                                         s.cfg_interval) if s.guided else None)
+        rule = self.rule if proposal.tokens.shape[1] > 1 else None
+        exact = dict(k=0, delta=0.0, lam=None, budget="candidate")
+        return ops.verify(logits[:B], proposal.tokens, proposal.parents, rule.neighbours if rule else None,
+                          uncond_logits=uncond, cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k,
+                          top_p=s.top_p, draft_probs=proposal.draft_probs, seed=s.seed, offset=offset, rows=s.rows,
+                          backend=self.backends["verify"], **(rule.verify_options() if rule else exact))
 
-    def commit(self, tree_tokens: torch.Tensor, result, broken: torch.Tensor, depth: int):
-        """Writes each row's accepted path tokens, then next_token, never past L (``settle``); keeps the root's
-        and the path's K/V (ops.compact_kv; a one-node tree's root K/V are already in place); advances n_done.
-        -> (n_emit [B], the step's figures, kept nodes [B, T], emitted [B, T])"""
-        n_emit, figures, kept_nodes, emitted, self.out = settle(tree_tokens, result, self.n_done, self.out, broken,
-                                                                depth)
-        if tree_tokens.shape[1] == 1:
+    def commit(self, tree_tokens: torch.Tensor, result, n_emit: torch.Tensor):
+        """Writes each row's accepted path tokens, then next_token, never past L; keeps the root's and the path's
+        K/V (ops.compact_kv; a one-node tree's root K/V are already in place); advances n_done.
+        -> (kept nodes [B, T]: the root, then the path; emitted [B, T])"""
+        B, T = tree_tokens.shape
+        n_done, L = self.n_done, self.L
+        root = torch.zeros(B, 1, dtype=torch.int64, device=self.device)
+        kept_nodes = torch.cat([root, result.path.clamp(min=0)], 1)  # [B, T]
+        emitted = torch.cat([tree_tokens.gather(1, kept_nodes[:, 1:]), result.next_token[:, None]], 1)
+        j = torch.arange(T, device=self.device)
+        emitted = torch.where(j[None] < result.accept_len[:, None], emitted, result.next_token[:, None])
+        in_step = torch.arange(L, device=self.device)[None] - n_done[:, None]  # [B, L] index into emitted
+        written = (in_step >= 0) & (in_step < n_emit[:, None])  # never past L
+        self.out = torch.where(written, emitted.gather(1, in_step.clamp(0, T - 1)), self.out)
+        if T == 1:
             self.target_len = self.target_len + self.rep(n_emit)
         else:
             kept_len = ops.compact_kv(self.target.kv_cache, self.sub(self.target_len), self.sub(self.rep(kept_nodes)),
                                       self.sub(self.rep(n_emit)), backend=self.backends["compact_kv"])
             self.target_len = kept_len if self.live is None else self.target_len.index_copy(0, self.live, kept_len)
-        self.n_done = self.n_done + n_emit
-        return n_emit, figures, kept_nodes, emitted
+        self.n_done = n_done + n_emit
+        return kept_nodes, emitted
 
     def sync(self, max_depth: int, last: Optional[StepFigures]) -> List[int]:
         """The loop's one host read per step: ``progress`` and the last step's figures together. Returns the
