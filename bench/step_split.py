@@ -24,7 +24,7 @@ from lantern.decoding import aot, generate_ar
 
 from .bench_speedup import setup
 
-CASES = {f"lantern-chain{d}": dict(method="lantern", tree="chain", depth=d, k=1000, delta=0.1) for d in (2, 3, 4, 5)}
+CASES = {f"lantern-chain{d}": dict(method="lantern", tree="chain", depth=d, k=1000, delta=0.1) for d in (1, 2, 3, 4, 5)}
 CASES["exact-static2-1-1"] = dict(method="spec", tree="static", static_widths=(2, 1, 1))
 CASES["sjd-window4"] = dict(method="sjd", tree="chain", window=4)
 

@@ -3,12 +3,13 @@ and the device has idle width, AR when the drafter is expensive or the batch alr
 never a plan its own models predict slower than AR."""
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lantern.decoding.costs import CostModel
-from lantern.decoding.planner import AR_PLAN, AcceptanceModel, Planner, candidate_plans, measured_rates
+from lantern.decoding.planner import AR_PLAN, AcceptanceModel, Planner, candidate_plans, measured_rates, steps_to_finish
 from planner_models import synthetic_costs
 
 PLANS = candidate_plans(5)
@@ -189,3 +190,53 @@ def test_margin_keeps_ar_near_break_even():
         assert decision.runner_up == (AR_PLAN if drafts else chain1)
     with pytest.raises(ValueError, match="margin"):
         Planner(costs, [AR_PLAN, chain1], margin=-0.1)
+
+
+def simulated_steps(survival, remaining, rows, runs=20000, seed=0):
+    """Mean over ``runs`` simulated batches of the steps until the slowest row is done (numpy, fixed seed)."""
+    tail = np.array([1.0, *survival, 0.0])
+    emit = tail[:-1] - tail[1:]
+    draws = np.random.default_rng(seed).choice(len(emit), size=(runs, rows, remaining), p=emit) + 1
+    steps = (np.cumsum(draws, axis=2) < remaining).sum(axis=2) + 1  # [runs, rows]
+    return steps.max(axis=1).mean()
+
+
+@pytest.mark.parametrize("survival, remaining, rows", [([0.87, 0.58], 63, 1), ([0.87, 0.58], 63, 10),
+                                                        ([0.6, 0.3, 0.1], 20, 4), ([0.9], 7, 40)])
+def test_steps_to_finish_is_the_slowest_rows_expected_steps(survival, remaining, rows):
+    """Against simulated batches: 20000 runs put the simulated mean within ~0.02 steps (its standard error
+    is under 0.01 here), so a 1 % tolerance cannot fail by chance; one row per batch (rows=1) would miss
+    the batch-10 case by 2.4 steps (the negative control)."""
+    want = simulated_steps(survival, remaining, rows)
+    assert steps_to_finish(survival, remaining, rows) == pytest.approx(want, rel=0.01)
+    if rows > 1:
+        assert steps_to_finish(survival, remaining, 1) < want * 0.97
+
+
+def test_steps_to_finish_of_ar_and_of_nothing_left():
+    assert steps_to_finish([], 63, 10) == 63.0
+    assert steps_to_finish([0.5, 0.5], 0, 10) == 0.0
+    assert steps_to_finish([0.999999], 10, 3) == pytest.approx(5.0, abs=1e-3)  # two tokens every step
+    with pytest.raises(ValueError, match="rows"):
+        steps_to_finish([0.5], 5, 0)
+
+
+def test_plan_run_counts_the_stragglers_a_per_step_rate_misses():
+    """chain2 emits 2.45 tokens a row per step (survival 0.87, 0.58) and its step costs 2.35 AR steps: per step
+    it beats AR by 4 %, and one row needs 26 steps (0.61 s against AR's 0.63 s), but a batch of 10 needs
+    ~28.5 steps (0.67 s), not 63 / 2.45 = 25.7: AR."""
+    chain2 = next(p for p in PLANS if p.name == "chain2")
+    costs = CostModel({"ar": {2: 0.01, 20: 0.01}, "chain2": {2: 0.0235, 20: 0.0235}})
+    model = AcceptanceModel(prior_rates={"sampled": [0.87, 0.667]}, prior_weight=1e9)
+    p = Planner(costs, [AR_PLAN, chain2], model)
+    assert not p.choose(rows=20, n_active=10, rows_reaching=[10, 10]).plan.is_ar
+    assert p.plan_run(rows=2, n_active=1, remaining=63).plan == chain2
+    batch = p.plan_run(rows=20, n_active=10, remaining=63)
+    assert batch.plan == AR_PLAN and batch.runner_up == chain2
+    assert batch.runner_up_rate == pytest.approx(630 / p.run_seconds(chain2, 20, 10, 63))
+    assert p.run_seconds(chain2, 20, 10, 63) == pytest.approx(0.0235 * steps_to_finish([0.87, 0.58], 63, 10),
+                                                             rel=1e-3)
+    cheaper = Planner(CostModel({"ar": {20: 0.01}, "chain2": {20: 0.018}}), [AR_PLAN, chain2], model, margin=0.1)
+    assert cheaper.plan_run(rows=20, n_active=10, remaining=63).plan == chain2
+    faster_ar = cheaper.plan_run(rows=20, n_active=10, remaining=63, ar_step_s=0.005)  # e.g. a compiled AR loop
+    assert faster_ar.plan == AR_PLAN and faster_ar.ar_tokens_per_s == pytest.approx(630 / (63 * 0.005))

@@ -69,6 +69,28 @@ def test_auto_lantern_at_zero_delta_is_greedy_ar(target):
     assert torch.equal(got, generate_ar(target, labels, temperature=0.0))
 
 
+
+def test_auto_at_batch_above_one_holds_one_plan_for_the_run(target):
+    """At batch > 1 the planner picks one plan for the whole run (the fewest predicted seconds until the
+    slowest row is done): the run is that fixed plan's run, token for token, with its steps in the planner's
+    record; a single row keeps the per-step planner."""
+    labels = torch.tensor([0, 3, 7])
+    settings = dict(cfg_scale=3.0, temperature=1.0, seed=4)
+    drafter = drafter_named(target, "noisy")
+    chain3 = next(p for p in candidate_plans(3) if p.name == "chain3")  # sampled drafts
+    costs = synthetic_costs(dispatch=0.01, per_token=2e-5, drafter=1e-3, plans=[AR_PLAN, chain3])
+    config = SpecConfig(method="spec", cost_model=costs, plans=[AR_PLAN, chain3], depth=3, draft="sampled")
+    got, stats = generate_spec(target, drafter, labels, config=config, **settings)
+    fixed = SpecConfig(method="spec", tree="chain", depth=3, draft="sampled")
+    want, want_stats = generate_spec(target, drafter, labels, config=fixed, **settings)
+    assert torch.equal(got, want)
+    assert stats.plan_counts == {"chain3": want_stats.steps} and stats.planner["whole_run"]
+    assert stats.planner["plans"]["chain3"]["steps"] == stats.steps
+    assert stats.planner["plans"]["chain3"]["tokens"] == stats.emitted
+    _, single = generate_spec(target, drafter, labels[:1], config=config, **settings)
+    assert "whole_run" not in single.planner
+
+
 class Counting:
     """A drafter wrapper that counts the drafter's forwards."""
 

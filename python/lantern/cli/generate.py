@@ -291,6 +291,7 @@ def _spec_figures(all_stats) -> dict:
     if plans:
         out["plans"] = plans
         out["chain_rate_per_depth"] = all_stats[-1].planner.get("chain_rate_per_depth")
+        out["whole_run_plans"] = all(s.planner.get("whole_run") for s in all_stats)
     return out
 
 
@@ -316,8 +317,9 @@ def _print_figures(f: dict, args) -> None:
             if cm.get("compile_s"):
                 how += f", {cm['compile_s']:.1f}s of it compiling the forwards' packages"
             print(f"tree auto: cost model {how} ({cm['path']})")
+        whole = "prediction for the whole run" if f.get("whole_run_plans") else "mean prediction per step"
         for name, p in sorted(f.get("plans", {}).items(), key=lambda kv: -kv[1]["steps"]):
-            why = f"mean prediction per step: {name} {p['mean_expected_tokens_per_s']:.1f}"
+            why = f"{whole}: {name} {p['mean_expected_tokens_per_s']:.1f}"
             if p["runner_up"]:
                 why += f", next best {p['runner_up']} {p['runner_up_tokens_per_s']:.1f}"
             if name != "ar":

@@ -1,5 +1,8 @@
-"""The speculation planner of ``tree="auto"``: each verify step it picks the draft tree (or none: a plain AR
-step) that maximises the expected tokens per second of the rows still generating.
+"""The speculation planner of ``tree="auto"``. For a single row, each verify step it picks the draft tree (or
+none: a plain AR step) that maximises the expected tokens per second (``Planner.choose``). For a batch it
+picks one plan for the whole run, the fewest predicted seconds until the slowest row is done
+(``Planner.plan_run``, ``steps_to_finish``): a batch steps until its last row finishes, and the mean rate
+per step does not see those stragglers.
 
 - ``Plan`` (``plans.py``): one candidate (AR, a chain of depth d, a static tree of sampled drafts, an EAGLE-2
   dynamic tree of a node budget, or, for Jacobi self-drafting (method "sjd"), a window of W drafts). The
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .plans import (  # noqa: F401
     AR_PLAN,
@@ -172,6 +177,32 @@ def measured_rates(counts: Dict[Plan, Tuple[Sequence[float], Sequence[float]]], 
     return rates
 
 
+def steps_to_finish(survival: Sequence[float], remaining: int, rows: int) -> float:
+    """Expected steps until the last of ``rows`` rows, each ``remaining`` tokens from its end, is done, with
+    one plan held for the whole run: a row emits 1 + the drafts it accepts each step, k drafts or more with
+    probability survival[k-1] (``AcceptanceModel.survival``; AR: none, exactly ``remaining`` steps), rows
+    independent. A batch steps until its slowest row finishes, so this grows with ``rows`` and with the
+    spread of the accepted lengths: E[max N] = sum over n of 1 - F(n)^rows, F the law of one row's steps N."""
+    if remaining <= 0:
+        return 0.0
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    tail = np.array([1.0, *survival, 0.0])
+    emit = tail[:-1] - tail[1:]  # [depth + 1] P(a step emits 1 + k tokens)
+    K = emit.shape[0]
+    # done[K + r - 1]: P(a row r tokens from its end is done after the steps so far); r <= 0 is done
+    done = np.zeros(K + remaining)
+    done[:K] = 1.0
+    expected = 0.0
+    for _ in range(remaining):  # every step emits a token or more: `remaining` steps finish every row
+        expected += 1.0 - done[-1] ** rows
+        after = np.zeros(remaining)
+        for k in range(K):  # r tokens to go, 1 + k emitted: r - 1 - k to go
+            after += emit[k] * done[K - 1 - k: K - 1 - k + remaining]
+        done[K:] = after
+    return expected
+
+
 @dataclass
 class PlanRecord:
     """What one plan did in a run: steps, and expected vs achieved tokens and seconds."""
@@ -294,6 +325,35 @@ class Planner:
             out.append((self.acceptance.expected_tokens(plan, n_active, rows_reaching, b.get(plan.family)),
                         seconds, plan))
         return out
+
+    def run_seconds(self, plan: Plan, rows: int, n_active: int, remaining: int) -> float:
+        """Predicted seconds for ``n_active`` rows, each ``remaining`` tokens from its end, to finish with
+        ``plan`` at every step and ``rows`` model rows in each forward: ``steps_to_finish`` x the step's
+        seconds. The stragglers a per-step rate does not see are in it: at batch 10 a chain of 2 that
+        emits 2.4 tokens a row per step on average needs ~29 steps, not 63 / 2.4 = 26."""
+        steps = steps_to_finish(self.acceptance.survival(plan), remaining, n_active)
+        return steps * self.step_seconds(plan, rows)
+
+    def plan_run(self, rows: int, n_active: int, remaining: int, ar_step_s: Optional[float] = None) -> Decision:
+        """The plan to hold for a whole run: the fewest predicted seconds (``run_seconds``); AR (``ar_step_s``
+        a step, default the planner's AR step) unless a drafting plan is faster by more than ``margin``. The
+        decision's figures are per step (expected tokens: the run's tokens over its expected steps);
+        ar_tokens_per_s and runner_up_rate are whole-run rates."""
+        ar_step_s = self.step_seconds(AR_PLAN, rows) if ar_step_s is None else ar_step_s
+        if remaining <= 0:  # nothing to generate: no step at all
+            return Decision(AR_PLAN, 0.0, ar_step_s, 0.0, rows)
+        total = n_active * remaining
+        ar_run = remaining * ar_step_s
+        runs = sorted(((self.run_seconds(p, rows, n_active, remaining), p) for p in self.plans if not p.is_ar),
+                      key=lambda r: r[0])
+        runs.append((ar_run, AR_PLAN))
+        if runs[0][1].is_ar or runs[0][0] * (1.0 + self.margin) >= ar_run:
+            runs.sort(key=lambda r: not r[1].is_ar)  # AR, then the fastest drafting plan
+        plan, second = runs[0][1], (runs[1] if len(runs) > 1 else None)
+        steps = remaining if plan.is_ar else steps_to_finish(self.acceptance.survival(plan), remaining, n_active)
+        step_s = ar_step_s if plan.is_ar else self.step_seconds(plan, rows)
+        return Decision(plan, total / steps, step_s, total / ar_run, rows, second and second[1],
+                        total / second[0] if second else 0.0)
 
     def choose(self, rows: int, n_active: int, rows_reaching: Sequence[int]) -> Decision:
         """The plan with the most expected tokens per second; AR unless another is faster by more than

@@ -7,10 +7,12 @@ Everything hot goes through ``lantern.ops`` (tree_attention inside the model, ve
 so ``lantern.enable_fused()`` swaps the kernels without touching the loop; a run resolves them once, at its start
 (``exclusive.one_backend_per_run``; ``DecodeState.backends``).
 
-``tree="auto"`` (the default) lets ``planner.Planner`` pick each step's plan (a tree, a Jacobi window, or a
-plain AR step) from a cost model measured on the device (``calibration.py``, ``costs.py``) and acceptance
-rates learned from the run's own verify results. The acceptance rule never depends on the plan, so exact
-speculative decoding stays exact whatever the planner picks. docs/sjd.md for the Jacobi windows.
+``tree="auto"`` (the default) lets ``planner.Planner`` pick the plan (a tree, a Jacobi window, or plain AR)
+from a cost model measured on the device (``calibration.py``, ``costs.py``) and acceptance rates: for a
+batch, one plan for the whole run, the fewest predicted seconds until its slowest row is done; for a single
+row, each step's plan, with acceptance rates learned from the run's own verify results. The acceptance
+rule never depends on the plan, so exact speculative decoding stays exact whatever the planner picks.
+docs/sjd.md for the Jacobi windows.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from .compiled import CompileChoice, CompiledRun, CompileStats, resolve_compile
 from .config import Sampling, SpecConfig, SpecStats, check_config
 from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
-from .planner import AR_PLAN, AcceptanceModel, Decision, Planner
+from .planner import AR_PLAN, AcceptanceModel, Decision, Plan, Planner
 from .proposers import new_state
 from .state import StepFigures, progress
 
@@ -113,32 +115,46 @@ def _record_compile(stats: SpecStats, compiled: Optional[CompiledRun]) -> None:
         stats.compile_s, stats.compiled_graphs = compiled.stats.compile_s, compiled.stats.graphs
 
 
-def _generate_fixed(run: _Run):
+def _generate_fixed(run: _Run, plan: Optional[Plan] = None, planner: Optional[Planner] = None,
+                    decision: Optional[Decision] = None):
+    """Every step one plan: the config's fixed tree, or ``plan`` (tree="auto" at batch > 1), whose steps
+    are then timed into ``planner``'s records against ``decision``."""
     t0 = time.perf_counter()
     stats = SpecStats()
-    plan = run.config.fixed_plan()
+    plan = plan or run.config.fixed_plan()
     state, compiled = run.start([plan], False, stats)
     step, last, forwards, n_emit, steps = 0, None, 0, None, []
+    t_step = time.perf_counter()
     with ops.checks.values_checked_by_caller():
         while True:
             counts = state.sync(0, last)  # the step's one host read
+            now = time.perf_counter()
             if last is not None:
-                _record_step(stats, last, forwards, steps)
+                tokens = _record_step(stats, last, forwards, steps)
+                if planner is not None:
+                    planner.record(decision, tokens, now - t_step)
                 if run.on_step is not None:
                     run.on_step(n_emit)
             if counts[0] == 0:
                 break
             if state.should_compact(counts[0]):
                 state.compact()
+            t_step = now
             step += 1
             n_emit, forwards = state.step(plan, step)
             last = state.figures
     state.close()
     stats.accept_lens = _accept_lens(steps)
     stats.plan_counts = {plan.name: stats.steps}
+    if planner is not None:
+        stats.planner = dict(planner.summary(), cost_model=_cost_meta(planner), whole_run=True)
     _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
     return state.out, stats
+
+
+def _cost_meta(planner: Planner) -> dict:
+    return {k: v for k, v in planner.cost_model.meta.items() if k != "key"}
 
 
 PRIOR_STEPS = 8  # tree=auto: the acceptance prior's weight, in steps of the batch
@@ -159,15 +175,17 @@ def _generate_auto(run: _Run, costs):
     stats = SpecStats()
     B = run.cond_idx.shape[0]
     planner = _planner(run, costs)
+    if B > 1:
+        return _generate_planned(run, planner, stats, t0)
     max_depth = planner.max_depth
     # the progress before the first step: every row has its first token
     at_start = progress(torch.ones(B, dtype=torch.int64), run.L, max_depth).tolist()
     first = planner.choose(B * run.sampling.halves, B, at_start[1:])
     if first.plan.is_ar and not first.probe:
         return _generate_all_ar(run, planner, first, stats, t0)
-    compiled_ar = _compiled_ar_decision(run, planner, first)
-    if compiled_ar is not None:
-        return _generate_all_ar(run, planner, compiled_ar, stats, t0)
+    all_ar = _ar_run_decision(run, planner, first)
+    if all_ar is not None:
+        return _generate_all_ar(run, planner, all_ar, stats, t0)
     state, compiled = run.start(planner.plans, True, stats)
     compile_stats = compiled.stats if compiled is not None else None
     step, decision, last, forwards, n_emit, steps = 0, None, None, 0, None, []
@@ -199,32 +217,56 @@ def _generate_auto(run: _Run, costs):
             stats.plan_counts[decision.plan.name] = stats.plan_counts.get(decision.plan.name, 0) + 1
     state.close()
     stats.accept_lens = _accept_lens(steps)
-    stats.planner = dict(planner.summary(), cost_model={k: v for k, v in costs.meta.items() if k != "key"})
+    stats.planner = dict(planner.summary(), cost_model=_cost_meta(planner))
     _record_compile(stats, compiled)
     stats.wall_s = time.perf_counter() - t0
     return state.out, stats
 
 
-def _compiled_ar_decision(run: _Run, planner: Planner, first: Decision) -> Optional[Decision]:
-    """Where ``generate_ar``'s compiled loop is timed apart (``CompileChoice.ar_loop_apart``: AR's loop alone
-    compiled, or AOT packages), the run is that loop from the first step if the calibration's compiled AR step
-    (``COMPILED_AR``) gives more tokens per second than ``first``, the plan the planner chose, by the
-    planner's margin; None otherwise."""
-    rows, B = first.rows, run.cond_idx.shape[0]
-    if not run.choice.ar_loop_apart or not planner.cost_model.knows(COMPILED_AR):
-        return None
-    seconds = planner.cost_model.step_seconds(COMPILED_AR, rows)
-    best_plan, best_rate = (first.runner_up, first.runner_up_rate) if first.probe else (first.plan,
-                                                                                       first.tokens_per_s)
-    if best_rate > B / seconds * (1.0 + planner.margin):
-        return None
-    return Decision(AR_PLAN, B, seconds, B / seconds, rows, best_plan, best_rate)
+def _generate_planned(run: _Run, planner: Planner, stats: SpecStats, t0: float):
+    """tree="auto" at batch > 1: one plan for the whole run, the fewest predicted seconds until the slowest
+    row is done (``Planner.plan_run``): a batch steps until its last row finishes, so its time is set by its
+    stragglers, which a per-step rate does not see, and a fixed plan's run sizes its caches for that plan
+    alone and probes nothing. AR is ``generate_ar``'s loop."""
+    rows, B = run.cond_idx.shape[0] * run.sampling.halves, run.cond_idx.shape[0]
+    decision = planner.plan_run(rows, B, run.L - 1, _ar_loop_step(run, planner, rows))
+    if decision.plan.is_ar:
+        return _generate_all_ar(run, planner, decision, stats, t0, whole_run=True)
+    tokens, fixed = _generate_fixed(run, decision.plan, planner, decision)
+    fixed.wall_s = time.perf_counter() - t0
+    return tokens, fixed
 
 
-def _generate_all_ar(run: _Run, planner: Planner, decision, stats: SpecStats, t0: float):
-    """tree="auto" when AR is the plan of the first step: then it is the plan of every step (AR steps give
-    the acceptance model no data, their measured time corrects every plan's predicted time alike, and the
-    rows' remaining tokens only shrink, which favours AR further), so the run is ``generate_ar``'s loop: the
+def _ar_loop_step(run: _Run, planner: Planner, rows: int) -> float:
+    """Predicted seconds of a step of ``generate_ar``'s loop: the calibration's compiled AR step
+    (``COMPILED_AR``) where that loop is compiled apart (``CompileChoice.ar_loop_apart``), else the planner's
+    AR step."""
+    if run.choice.ar_loop_apart and planner.cost_model.knows(COMPILED_AR):
+        return planner.cost_model.step_seconds(COMPILED_AR, rows)
+    return planner.step_seconds(AR_PLAN, rows)
+
+
+def _ar_run_decision(run: _Run, planner: Planner, first: Decision) -> Optional[Decision]:
+    """A single row's run as ``generate_ar``'s loop, or None (the speculative loop): AR's L - 1 steps against
+    ``first``'s plan (the runner-up when ``first`` probes AR) held for the run (``Planner.run_seconds``),
+    which must be faster by the planner's margin."""
+    rows, B, remaining = first.rows, run.cond_idx.shape[0], run.L - 1
+    plan = first.runner_up if first.probe else first.plan
+    if plan is None or plan.is_ar or remaining <= 0:
+        return None
+    ar_step = _ar_loop_step(run, planner, rows)
+    spec_s = planner.run_seconds(plan, rows, B, remaining)
+    if remaining * ar_step > spec_s * (1.0 + planner.margin):
+        return None
+    return Decision(AR_PLAN, B, ar_step, B / ar_step, rows, plan, B * remaining / spec_s)
+
+
+def _generate_all_ar(run: _Run, planner: Planner, decision, stats: SpecStats, t0: float, whole_run: bool = False):
+    """tree="auto" when the run is AR: at batch > 1 the whole-run choice (``whole_run``: the decision's
+    figures are whole-run rates); for one row, AR as the plan of the first step, which is then the plan of
+    every step (AR steps give the acceptance model no data, their measured time corrects every plan's
+    predicted time alike, and the rows' remaining tokens only shrink, which favours AR further), or a
+    whole-run prediction (``_ar_run_decision``). The run is ``generate_ar``'s loop: the
     same tokens as AR steps of the speculative loop (one stream, offset = token index), without its
     drafter, tree bookkeeping and per-step host read."""
     B, L, s, device = run.cond_idx.shape[0], run.L, run.sampling, run.cond_idx.device
@@ -245,8 +287,9 @@ def _generate_all_ar(run: _Run, planner: Planner, decision, stats: SpecStats, t0
     stats.plan_counts = {AR_PLAN.name: steps} if steps else {}
     for _ in range(steps):  # the steps' time, shared out evenly (no step was timed alone)
         planner.record(decision, B, stats.wall_s / steps)
-    stats.planner = dict(planner.summary(), cost_model={k: v for k, v in planner.cost_model.meta.items()
-                                                        if k != "key"}, all_ar=True)
+    stats.planner = dict(planner.summary(), cost_model=_cost_meta(planner), all_ar=True)
+    if whole_run:  # the decision's figures are whole-run rates (``Planner.plan_run``)
+        stats.planner["whole_run"] = True
     stats.compile_s = compile_stats.get("compile_s", 0.0)
     stats.compiled_graphs = compile_stats.get("compiled_graphs", 0)
     stats.compile = compile_stats.get("compile", "")
