@@ -1,5 +1,5 @@
 """lantern generate's speed-up against AR (python/lantern/cli/generate.py): measured in rounds after the image
-run, each round timing the speculative run again and AR in turn, the speed-up a ratio of medians; --repeats
+run, each round timing the speculative run again and AR, in turn first, the speed-up a ratio of medians; --repeats
 checked before any model is loaded. Small random models stand in for the tiny model (the loaders replaced)."""
 from __future__ import annotations
 
@@ -46,14 +46,47 @@ def test_rounds_alternate_the_rerun_and_ar_and_take_medians(tmp_path, monkeypatc
     code, js = _run(tmp_path, monkeypatch, "--method", "lantern", "--tree", "chain", "--depth", "2", "--k", "4",
                     "--repeats", "3")
     assert code == 0
-    # the image run, then three rounds of (the run again, AR); AR eager here, so no eager AR beside it
-    assert calls == ["spec"] + ["spec", "ar"] * 3
+    # the image run, then three rounds of the run again and AR, in turn first; AR eager here, so no eager AR
+    assert calls == ["spec"] + ["spec", "ar"] + ["ar", "spec"] + ["spec", "ar"]
     figures = json.loads(js.read_text())
-    # the clock: image run 10 -> 11; rounds (13 -> 15, 16 -> 17), (18 -> 24, 25 -> 26), (27 -> 28, 29 -> 31)
+    # the clock: image run 10 -> 11; rounds (13 -> 15 run, 16 -> 17 AR), (18 -> 24 AR, 25 -> 26 run),
+    # (27 -> 28 run, 29 -> 31 AR)
     assert figures["wall_s"] == 1.0 and figures["rounds"] == 3
-    assert figures["run_s"] == 2.0 and figures["ar_s"] == 1.0  # medians of (2, 6, 1) and (1, 1, 2)
-    assert figures["speedup_vs_ar"] == 0.5 and "speedup_vs_ar_eager" not in figures
+    assert figures["run_s"] == 1.0 and figures["ar_s"] == 2.0  # medians of (2, 1, 1) and (1, 6, 2)
+    assert figures["speedup_vs_ar"] == 2.0 and "speedup_vs_ar_eager" not in figures
     assert "speed-up vs AR (eager; median of 3 alternated rounds after the image run" in capsys.readouterr().out
+
+
+
+def test_eager_ar_runs_after_the_rounds_when_ar_is_compiled(tmp_path, monkeypatch, capsys):
+    """With AR compiled, eager AR is timed too, in runs of its own after the alternated rounds: a slow eager
+    run leaves the caches cold for whatever runs next, so it must not precede either contender in a round."""
+    from lantern import decoding
+    from lantern.decoding import compiled
+
+    calls = []
+    generate, generate_ar = decoding.generate, decoding.generate_ar
+
+    def spec(*args, **kwargs):
+        calls.append("spec")
+        return generate(*args, **kwargs)
+
+    def ar(*args, compile=False, stats=None, **kwargs):  # "compiled" AR: eager underneath, its stats say on
+        calls.append("ar" if compile else "eager")
+        if stats is not None and compile:
+            stats["compile"] = "on (test)"
+        return generate_ar(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "generate", spec)
+    monkeypatch.setattr(decoding, "generate_ar", ar)
+    monkeypatch.setattr(compiled, "baseline_compile", lambda device: "compiled")
+    code, js = _run(tmp_path, monkeypatch, "--method", "lantern", "--tree", "chain", "--depth", "2", "--k", "4",
+                    "--repeats", "2")
+    assert code == 0
+    assert calls == ["spec", "spec", "ar", "ar", "spec", "eager", "eager"]
+    figures = json.loads(js.read_text())
+    assert figures["ar_compile"] == "on (test)" and figures["speedup_vs_ar_eager"] > 0
+    assert "speed-up vs eager AR" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags,message", [
