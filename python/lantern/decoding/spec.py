@@ -241,9 +241,8 @@ def _ar_loop_step(run: _Run, planner: Planner, rows: int) -> float:
     """Predicted seconds of a step of ``generate_ar``'s loop: the planner's AR step, or the calibration's
     compiled AR step (``COMPILED_AR``) where that loop is compiled apart (``CompileChoice.ar_loop_apart``) and
     that is less. Not the compiled step alone: it is timed over whole runs, while the plans' steps and the
-    AR step are single steps timed alike (the fastest of a few, interleaved), so on a loaded host the
-    compiled step came out 35 % above the AR step at 80 rows and a chain of 3 predicted 15 % faster than
-    compiled AR ran 15 % slower."""
+    AR step are single steps timed alike (the fastest of a few, interleaved), and on a loaded host the
+    plans look cheaper against a whole run's mean step than they are."""
     ar_step = planner.step_seconds(AR_PLAN, rows)
     if run.choice.ar_loop_apart and planner.cost_model.knows(COMPILED_AR):
         return min(ar_step, planner.cost_model.step_seconds(COMPILED_AR, rows))
