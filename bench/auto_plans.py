@@ -13,8 +13,6 @@ batch > 1, docs/planner.md).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
@@ -22,6 +20,7 @@ import lantern
 from lantern.decoding import generate_ar
 
 from .bench_speedup import setup
+from .common import header, interleaved_medians
 
 FIXED = {"chain1": dict(tree="chain", depth=1), "chain2": dict(tree="chain", depth=2),
          "chain3": dict(tree="chain", depth=3), "chain4": dict(tree="chain", depth=4),
@@ -41,16 +40,8 @@ def run(batch: int = 10, plans=("chain2", "chain3"), rounds: int = 7) -> dict:
     contenders = {"auto": lambda: last.__setitem__("auto", lantern_run())}
     contenders.update({name: (lambda name=name: lantern_run(**FIXED[name])) for name in plans})
     contenders["compiled AR"] = lambda: generate_ar(gpt, labels, compile=True, **sampling)
-    seconds = {name: [] for name in contenders}
-    with lantern.fused("cpu"):
-        for fn in contenders.values():  # packages loaded (or compiled), the cost model calibrated
-            fn()
-        for _ in range(rounds):
-            for name, fn in contenders.items():
-                t0 = time.perf_counter()
-                fn()
-                seconds[name].append(time.perf_counter() - t0)
-    ms = {name: 1e3 * statistics.median(s) for name, s in seconds.items()}
+    with lantern.fused("cpu"):  # the warm-up loads (or compiles) the packages and calibrates the cost model
+        ms = {name: 1e3 * s for name, s in interleaved_medians(contenders, repeats=rounds).items()}
     ar = ms["compiled AR"]
     print(f"batch {batch}, {torch.get_num_threads()} threads, medians of {rounds} alternated rounds, ms per batch "
           f"(ratio to compiled AR):")
@@ -70,7 +61,7 @@ def main() -> None:
     parser.add_argument("--plans", nargs="+", choices=sorted(FIXED), default=["chain2", "chain3"])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(header())
     run(args.batch, args.plans, args.rounds)
 
 

@@ -24,6 +24,7 @@ from lantern import ops
 from lantern.decoding import aot
 
 from .bench_speedup import setup
+from .common import header
 
 SWEEP_BYTES = 64 << 20  # larger than the L2 of any CPU this runs on
 
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(header())
     run(args.rows, args.nodes, args.repeats)
 
 

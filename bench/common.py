@@ -9,6 +9,13 @@ import time
 from typing import Callable, Dict, List
 
 
+def header() -> str:
+    """The first line of a bench's printout: torch's version and when it ran."""
+    import torch
+
+    return f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}"
+
+
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()

@@ -23,6 +23,7 @@ import lantern
 from lantern.decoding import aot, generate_ar
 
 from .bench_speedup import setup
+from .common import header
 
 CASES = {f"lantern-chain{d}": dict(method="lantern", tree="chain", depth=d, k=1000, delta=0.1) for d in (1, 2, 3, 4, 5)}
 CASES["exact-static2-1-1"] = dict(method="spec", tree="static", static_widths=(2, 1, 1))
@@ -108,7 +109,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=["lantern-chain2", "lantern-chain4"])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(header())
     run(args.batches, args.cases, args.repeats)
 
 
