@@ -344,14 +344,17 @@ class Planner:
             return Decision(AR_PLAN, 0.0, ar_step_s, 0.0, rows)
         total = n_active * remaining
         ar_run = remaining * ar_step_s
-        runs = sorted(((self.run_seconds(p, rows, n_active, remaining), p) for p in self.plans if not p.is_ar),
-                      key=lambda r: r[0])
-        runs.append((ar_run, AR_PLAN))
+        runs = []  # (run seconds, plan, steps, step seconds)
+        for p in self.plans:
+            if not p.is_ar:
+                steps = steps_to_finish(self.acceptance.survival(p), remaining, n_active)
+                step_s = self.step_seconds(p, rows)
+                runs.append((steps * step_s, p, steps, step_s))
+        runs.sort(key=lambda r: r[0])
+        runs.append((ar_run, AR_PLAN, remaining, ar_step_s))
         if runs[0][1].is_ar or runs[0][0] * (1.0 + self.margin) >= ar_run:
             runs.sort(key=lambda r: not r[1].is_ar)  # AR, then the fastest drafting plan
-        plan, second = runs[0][1], (runs[1] if len(runs) > 1 else None)
-        steps = remaining if plan.is_ar else steps_to_finish(self.acceptance.survival(plan), remaining, n_active)
-        step_s = ar_step_s if plan.is_ar else self.step_seconds(plan, rows)
+        (_, plan, steps, step_s), second = runs[0], (runs[1] if len(runs) > 1 else None)
         return Decision(plan, total / steps, step_s, total / ar_run, rows, second and second[1],
                         total / second[0] if second else 0.0)
 
