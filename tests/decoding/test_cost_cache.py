@@ -179,6 +179,43 @@ def test_a_step_costs_no_more_than_a_step_that_contains_it():
     assert points["s"] == {2: 0.03} and points["b"] == {2: 0.03} and points["o"] == {2: 0.001}
 
 
+class PositionTimer:
+    """A stand-in for calibration._StepTimer: a step's seconds grow with the state's position in the image
+    (its attention) and with the plan's ``factor``; a plan's step advances the position by its depth + 1, AR's
+    by 1, and the image starts again at its end."""
+
+    max_depth = 2
+
+    def __init__(self, factor, L=64):
+        self.factor, self.L, self.position = factor, L, 0
+
+    def __call__(self, plan) -> float:
+        seconds = 0.01 * self.factor[plan.name] * (1.0 + self.position / 32)
+        self.position = (self.position + plan.depth + 1) % self.L
+        return seconds
+
+
+def test_a_plans_step_is_timed_against_the_ar_step_at_its_position():
+    """A plan's point is its median ratio to the AR step just before it, times AR's median step: a plan
+    twice AR's cost at every position comes out at about twice AR's point (2 % over: the plan's step runs one
+    token after its AR step), wherever its few steps fell. Negative control: the fastest of each plan's own
+    steps (the previous statistic) puts chain2 at 2.2x AR (AR's fastest step at the image's start, chain2's
+    never there)."""
+    from lantern.decoding.calibration import _step_points, _time_plans
+
+    chain1, chain2 = Plan("chain1", "chain", depth=1, sampled=True), Plan("chain2", "chain", depth=2, sampled=True)
+    plans = [AR_PLAN, chain1, chain2]
+    factor = {"ar": 1.0, "chain1": 1.5, "chain2": 2.0}
+    points = {p.name: {} for p in plans}
+    times, ratios, bounds = _time_plans(PositionTimer(factor), plans, points, 4, 2, {}, None, 3, 0.3)
+    assert not bounds and len(times["ar"]) == 6 and len(ratios["chain2"]) == 3
+    got = _step_points(times, ratios)
+    assert got["ar"] == sorted(times["ar"])[2] / 2 + sorted(times["ar"])[3] / 2  # the median of 6
+    for name in ("chain1", "chain2"):
+        assert got[name] / got["ar"] == pytest.approx(factor[name], rel=0.03)
+    assert min(times["chain2"]) / min(times["ar"]) > 1.08 * factor["chain2"]
+
+
 # ---- the reader: only a regular file of bounded size, never trusted, never a reason to fail -------------
 
 def fresh_entry(**changes) -> dict:

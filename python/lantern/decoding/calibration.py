@@ -4,6 +4,7 @@ the plans; cached per device, models and settings (``costs.py``).
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -158,8 +159,8 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     after AR steps as it does in a run, and a change of the device's load during the calibration hits
     every plan alike; an AR step runs before each drafting plan's, so AR, the reference, is timed often and
     next to every plan. A step's time includes its host read (``DecodeState.sync``). The first round is not timed
-    (first calls, caches); a point is the fastest of ``reps`` timed steps (on a shared device, load only ever
-    adds time). A fresh state starts when a row finishes its image.
+    (first calls, caches); a point is AR's median step, times a drafting plan's median ratio to the AR step
+    just before its steps (``_step_points``). A fresh state starts when a row finishes its image.
 
     At the smallest row count every plan is timed. At a larger one AR is timed first, and then only the
     plans that could pay there (``_could_pay``: their time at the largest smaller row count grown by AR's
@@ -189,7 +190,7 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
         rows = B * halves
         timer = _StepTimer(target, drafter, cond_idx, neighbours, config, sampling, L, plans, B, drafter_counts,
                            emb_masks, compiled)
-        times, bounds = _time_plans(timer, plans, points, rows, halves, counts, known, reps, max_point_s)
+        times, ratios, bounds = _time_plans(timer, plans, points, rows, halves, counts, known, reps, max_point_s)
         timer.close()
         if choice.on:  # the graph of tree="auto"'s all-AR runs (generate_ar's), compiled here too, and timed
             # where it competes with the plans (``CompileChoice.ar_loop_apart``)
@@ -197,9 +198,10 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
                                         reps if choice.ar_loop_apart else 0, timer.sync)
             if ar_step is not None:
                 times[COMPILED_AR] = [ar_step]
-        for name, measured in times.items():
-            if measured:
-                points[name][rows] = min(measured)
+        timed = _step_points(times, ratios)
+        for name in times:
+            if name in timed:
+                points[name][rows] = timed[name]
                 new_rows.add(rows)
             elif name in bounds:
                 points[name][rows] = bounds[name]
@@ -207,6 +209,24 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     fresh = {name: {r: s for r, s in by_rows.items() if r in new_rows} for name, by_rows in points.items()}
     return {"points": {name: by_rows for name, by_rows in fresh.items() if by_rows},
             "acceptance": measured_rates(counts, max(p.depth for p in plans))}
+
+
+def _step_points(times: Dict[str, List[float]], ratios: Dict[str, List[float]]) -> Dict[str, float]:
+    """The seconds of a step of each timed plan at one row count: AR's, the median of its timed steps; a
+    drafting plan's, the median of its steps' ratios to the AR step just before each, times AR's median
+    (the plan's own median where AR has no timed step). A step's cost grows with its position in the image
+    (its attention reads more keys: the tiny model's AR step at batch 10 takes 8 ms near the image's start,
+    10-11 ms past its middle), and a plan's few timed steps fall where the shared state happens to be; next
+    to the AR step at the same position and moment, position and a passing load cancel out."""
+    ar_steps = times.get(AR_PLAN.name) or []
+    ar_typical = statistics.median(ar_steps) if ar_steps else None
+    out = {}
+    for name, measured in times.items():
+        if ratios.get(name) and ar_typical is not None:
+            out[name] = statistics.median(ratios[name]) * ar_typical
+        elif measured:
+            out[name] = statistics.median(measured)
+    return out
 
 
 def _compiled_ar_step(target, labels, masks, sampling: Sampling, L: int, choice: CompileChoice, reps: int,
@@ -237,15 +257,16 @@ def _compiled_ar_step(target, labels, masks, sampling: Sampling, L: int, choice:
 
 def _time_plans(timer: _StepTimer, plans: Sequence[Plan], points, rows: int, halves: int, counts: dict,
                 known: Optional[CostModel], reps: int, max_point_s: float):
-    """The timed steps of the plans at one row count (see ``calibrate``) -> (seconds per plan name, the
-    bounds of the plans left out)."""
+    """The timed steps of the plans at one row count (see ``calibrate``) -> (seconds per plan name, each
+    drafting plan's seconds over those of the AR step just before it, the bounds of the plans left out)."""
     times: Dict[str, List[float]] = {p.name: [] for p in plans}
+    ratios: Dict[str, List[float]] = {p.name: [] for p in plans if not p.is_ar}
     bounds: Dict[str, float] = {}
     smaller = [r for r in points[AR_PLAN.name] if r < rows]
     todo = list(plans)
     if smaller:  # AR first, then the plans that could pay at this row count
         times[AR_PLAN.name] = [timer(AR_PLAN) for _ in range(reps + 1)][1:]
-        ar_seconds = min(times[AR_PLAN.name])
+        ar_seconds = statistics.median(times[AR_PLAN.name])
         rates = measured_rates(counts, timer.max_depth) if any(sum(t) for _, t in counts.values()) else \
             (known.acceptance if known else {})
         todo = [p for p in plans if p.is_ar or _could_pay(p, points, max(smaller), rows, ar_seconds, halves, rates,
@@ -255,16 +276,20 @@ def _time_plans(timer: _StepTimer, plans: Sequence[Plan], points, rows: int, hal
                 bounds[p.name] = _predicted(p, points, max(smaller), ar_seconds)
     for rnd in range(reps + 1):
         # AR, the reference every plan is compared with, before each drafting plan's step
+        ar_before = None  # the seconds of the AR step just before
         for plan in [q for p in todo if not p.is_ar for q in (AR_PLAN, p)] or [AR_PLAN]:
             if plan not in todo:
                 continue
             seconds = timer(plan)
             if rnd > 0:
                 times[plan.name].append(seconds)
+                if not plan.is_ar and ar_before is not None:
+                    ratios[plan.name].append(seconds / max(ar_before, 1e-9))
+                ar_before = seconds if plan.is_ar else None
             elif smaller and seconds > 4 * max_point_s and not plan.is_ar:
                 todo.remove(plan)  # its untimed step already says it is too slow: that step is its point
                 bounds[plan.name] = seconds
-    return times, bounds
+    return times, ratios, bounds
 
 
 JACOBI_CALIBRATION_IMAGES = 2  # images of each Jacobi window's acceptance run

@@ -240,9 +240,9 @@ def _generate_planned(run: _Run, planner: Planner, stats: SpecStats, t0: float):
 def _ar_loop_step(run: _Run, planner: Planner, rows: int) -> float:
     """Predicted seconds of a step of ``generate_ar``'s loop: the planner's AR step, or the calibration's
     compiled AR step (``COMPILED_AR``) where that loop is compiled apart (``CompileChoice.ar_loop_apart``) and
-    that is less. Not the compiled step alone: it is timed over whole runs, while the plans' steps and the
-    AR step are single steps timed alike (the fastest of a few, interleaved), and on a loaded host the
-    plans look cheaper against a whole run's mean step than they are."""
+    that is less. Both are a step's cost over the whole image: the compiled step a whole run's mean, the AR
+    step the median of the calibration's AR steps, which fall all over the image (the plans' steps are
+    timed against the AR step beside them, ``calibration._step_points``)."""
     ar_step = planner.step_seconds(AR_PLAN, rows)
     if run.choice.ar_loop_apart and planner.cost_model.knows(COMPILED_AR):
         return min(ar_step, planner.cost_model.step_seconds(COMPILED_AR, rows))
