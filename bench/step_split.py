@@ -26,6 +26,7 @@ from .bench_speedup import setup
 from .common import header
 
 CASES = {f"lantern-chain{d}": dict(method="lantern", tree="chain", depth=d, k=1000, delta=0.1) for d in (1, 2, 3, 4, 5)}
+CASES["lantern-static2-1-1"] = dict(method="lantern", tree="static", static_widths=(2, 1, 1), k=1000, delta=0.1)
 CASES["exact-static2-1-1"] = dict(method="spec", tree="static", static_widths=(2, 1, 1))
 CASES["sjd-window4"] = dict(method="sjd", tree="chain", window=4)
 

@@ -216,6 +216,44 @@ def test_a_plans_step_is_timed_against_the_ar_step_at_its_position():
     assert min(times["chain2"]) / min(times["ar"]) > 1.08 * factor["chain2"]
 
 
+def test_the_calibrations_state_steps_until_its_last_row_is_done(monkeypatch):
+    """The shared state of the calibration starts afresh only once every row has finished its image, so the
+    timed steps fall all over the image as a run's do (a run's rows step on until the last is done);
+    starting afresh when the first row finished kept the steps in the image's cheaper first part."""
+    from lantern.decoding import calibration
+    from lantern.decoding.config import Sampling
+
+    L = 16
+
+    class RaggedState:  # rows advance 1, 2 and 3 tokens a step
+        made = 0
+
+        def __init__(self, *args, **kwargs):
+            RaggedState.made += 1
+            self.n_done, self.figures = torch.ones(3, dtype=torch.int64), None
+
+        def step(self, plan, step):
+            self.n_done = torch.clamp(self.n_done + torch.tensor([1, 2, 3]), max=L)
+
+        def sync(self, max_depth, figures):
+            return [int((self.n_done < L).sum())]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(calibration, "new_state", RaggedState)
+    target = build_gpt("GPT-tiny", block_size=L, n_layer=1).eval()
+    timer = calibration._StepTimer(target, None, torch.tensor([0, 1, 2]), None, SpecConfig(method="spec"),
+                                   Sampling(), L, [AR_PLAN], 3, {})
+    before = []  # each step's rows done, before it
+    for _ in range(2 * (L - 1)):
+        state = timer._ready_state()
+        before.append(int((state.n_done >= L).sum()))
+        timer(AR_PLAN)
+    assert RaggedState.made == 2 and before.count(1) > 0 and before.count(2) > 0  # steps with rows done
+    assert before[L - 1] == 0  # the second state: its first step
+
+
 # ---- the reader: only a regular file of bounded size, never trusted, never a reason to fail -------------
 
 def fresh_entry(**changes) -> dict:

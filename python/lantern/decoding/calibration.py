@@ -94,8 +94,8 @@ def cost_model(target, drafter, cond_idx, neighbours, config: SpecConfig, sampli
 
 class _StepTimer:
     """Steps one decoding state of B images (labels cycled from cond_idx) through the plans it is given, as
-    ``tree="auto"`` would switch between them, and times each step; a fresh state starts when a row finishes
-    its image. Drafting steps add their acceptance figures to ``counts`` (plan -> hits, trials per depth)."""
+    ``tree="auto"`` would switch between them, and times each step; a fresh state starts when every row has
+    finished its image. Drafting steps add their acceptance figures to ``counts`` (plan -> hits, trials per depth)."""
 
     def __init__(self, target, drafter, cond_idx, neighbours, config: SpecConfig, sampling: Sampling, L: int,
                  plans: Sequence[Plan], B: int, counts: dict, emb_masks=None,
@@ -111,7 +111,7 @@ class _StepTimer:
 
     def _ready_state(self):
         state = self.state
-        if state is None or bool((state.n_done >= self.L).any()):  # one host read, outside any timing
+        if state is None or bool((state.n_done >= self.L).all()):  # one host read, outside any timing
             if state is not None:
                 state.close()
             state = self.state = new_state(*self.models, self.labels, *self.settings, catch_up=True,
@@ -160,7 +160,8 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     every plan alike; an AR step runs before each drafting plan's, so AR, the reference, is timed often and
     next to every plan. A step's time includes its host read (``DecodeState.sync``). The first round is not timed
     (first calls, caches); a point is AR's median step, times a drafting plan's median ratio to the AR step
-    just before its steps (``_step_points``). A fresh state starts when a row finishes its image.
+    just before its steps (``_step_points``). A fresh state starts when every row has finished its image, so
+    the steps fall all over the image, as a run's do (its rows run on, uncompacted, until the last is done).
 
     At the smallest row count every plan is timed. At a larger one AR is timed first, and then only the
     plans that could pay there (``_could_pay``: their time at the largest smaller row count grown by AR's
