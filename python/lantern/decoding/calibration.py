@@ -160,7 +160,8 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
     every plan alike; an AR step runs before each drafting plan's, so AR, the reference, is timed often and
     next to every plan. A step's time includes its host read (``DecodeState.sync``). The first round is not timed
     (first calls, caches); a point is AR's median step, times a drafting plan's median ratio to the AR step
-    just before its steps (``_step_points``). A fresh state starts when every row has finished its image, so
+    just before its steps (``_step_points``). After ``reps`` timed rounds, the plans that could beat AR
+    (``_could_beat_ar``) get CONFIRM_ROUNDS more. A fresh state starts when every row has finished its image, so
     the steps fall all over the image, as a run's do (its rows run on, uncompacted, until the last is done).
 
     At the smallest row count every plan is timed. At a larger one AR is timed first, and then only the
@@ -268,29 +269,60 @@ def _time_plans(timer: _StepTimer, plans: Sequence[Plan], points, rows: int, hal
     if smaller:  # AR first, then the plans that could pay at this row count
         times[AR_PLAN.name] = [timer(AR_PLAN) for _ in range(reps + 1)][1:]
         ar_seconds = statistics.median(times[AR_PLAN.name])
-        rates = measured_rates(counts, timer.max_depth) if any(sum(t) for _, t in counts.values()) else \
-            (known.acceptance if known else {})
+        rates = _rates_so_far(counts, timer.max_depth, known)
         todo = [p for p in plans if p.is_ar or _could_pay(p, points, max(smaller), rows, ar_seconds, halves, rates,
                                                          max_point_s)]
         for p in plans:  # a plan left out gets the bound that left it out: never a cheaper extrapolation
             if p not in todo and max(smaller) in points[p.name]:
                 bounds[p.name] = _predicted(p, points, max(smaller), ar_seconds)
-    for rnd in range(reps + 1):
-        # AR, the reference every plan is compared with, before each drafting plan's step
-        ar_before = None  # the seconds of the AR step just before
-        for plan in [q for p in todo if not p.is_ar for q in (AR_PLAN, p)] or [AR_PLAN]:
-            if plan not in todo:
-                continue
-            seconds = timer(plan)
-            if rnd > 0:
-                times[plan.name].append(seconds)
-                if not plan.is_ar and ar_before is not None:
-                    ratios[plan.name].append(seconds / max(ar_before, 1e-9))
-                ar_before = seconds if plan.is_ar else None
-            elif smaller and seconds > 4 * max_point_s and not plan.is_ar:
-                todo.remove(plan)  # its untimed step already says it is too slow: that step is its point
-                bounds[plan.name] = seconds
+    # AR, the reference every plan is compared with, before each drafting plan's step
+    for plan in [q for p in todo if not p.is_ar for q in (AR_PLAN, p)] or [AR_PLAN]:  # untimed
+        seconds = timer(plan)
+        if smaller and seconds > 4 * max_point_s and not plan.is_ar:
+            todo.remove(plan)  # its untimed step already says it is too slow: that step is its point
+            bounds[plan.name] = seconds
+    for _ in range(reps):
+        _timed_round(timer, todo, times, ratios)
+    # the plans that could beat AR, timed more: the planner picks the fastest of noisy points, so the plan
+    # it picks is the one its few steps flattered most, unless the contenders' points rest on more steps
+    rates = _rates_so_far(counts, timer.max_depth, known)
+    B = max(rows // halves, 1)
+    contenders = [p for p in todo if not p.is_ar and ratios[p.name]
+                  and _could_beat_ar(p, statistics.median(ratios[p.name]), B, rates)]
+    for _ in range(CONFIRM_ROUNDS if contenders else 0):
+        _timed_round(timer, [AR_PLAN, *contenders], times, ratios)
     return times, ratios, bounds
+
+
+CONFIRM_ROUNDS = 4  # calibrate: more timed rounds of the plans that could beat AR at a row count
+
+
+def _timed_round(timer: _StepTimer, plans: Sequence[Plan], times: Dict[str, List[float]],
+                 ratios: Dict[str, List[float]]) -> None:
+    """One timed step of each plan, an AR step before each drafting plan's (AR alone when there is none):
+    appends to times, and to ratios each drafting step's seconds over those of the AR step before it."""
+    for plan in [p for p in plans if not p.is_ar] or [None]:
+        ar_seconds = timer(AR_PLAN)
+        times[AR_PLAN.name].append(ar_seconds)
+        if plan is not None:
+            seconds = timer(plan)
+            times[plan.name].append(seconds)
+            ratios[plan.name].append(seconds / max(ar_seconds, 1e-9))
+
+
+def _rates_so_far(counts: dict, max_depth: int, known: Optional[CostModel]):
+    """The acceptance per level the calibration's drafting steps measured so far (``known``'s without any)."""
+    if any(sum(t) for _, t in counts.values()):
+        return measured_rates(counts, max_depth)
+    return known.acceptance if known else {}
+
+
+def _could_beat_ar(plan: Plan, ratio: float, B: int, rates) -> bool:
+    """Whether ``plan``, whose step takes ``ratio`` AR steps, could be faster than AR, with PRUNE_SLACK to
+    spare: a row's expected tokens per step of it (every row drafting every level, at ``rates``) against
+    AR's one."""
+    tokens = AcceptanceModel(prior_rates=rates).expected_tokens(plan, B, [B] * plan.depth) / B
+    return tokens * (1.0 + PRUNE_SLACK) >= ratio
 
 
 JACOBI_CALIBRATION_IMAGES = 2  # images of each Jacobi window's acceptance run
