@@ -250,3 +250,16 @@ def test_bf16_weights_float32_logits():
     assert m.freqs_cis.dtype == torch.float32  # RoPE stays float32
     torch.testing.assert_close(out, ref, atol=0.15, rtol=0)
     torch.testing.assert_close(m.forward_full(tokens, labels), ref, atol=0.15, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_select_cache_rows_is_index_select_along_the_rows(dtype):
+    """The cache rows kept when finished rows leave the batch: in the order given, a new contiguous tensor."""
+    from lantern.models.gpt import select_cache_rows
+
+    cache = torch.randn(3, 2, 5, 2, 7, 4).to(dtype)
+    for rows in ([0, 2, 3], [4], [3, 1], [0, 1, 2, 3, 4]):
+        index = torch.tensor(rows)
+        got = select_cache_rows(cache, index)
+        assert torch.equal(got, cache.index_select(2, index)) and got.is_contiguous()
+        assert got.data_ptr() != cache.data_ptr()

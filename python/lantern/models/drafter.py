@@ -28,7 +28,15 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .gpt import CacheStep, GPTConfig, RMSNorm, Transformer, TransformerBlock, precompute_freqs_cis_2d
+from .gpt import (
+    CacheStep,
+    GPTConfig,
+    RMSNorm,
+    Transformer,
+    TransformerBlock,
+    precompute_freqs_cis_2d,
+    select_cache_rows,
+)
 
 
 def _last_real(x: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
@@ -186,7 +194,7 @@ class EagleDrafter(nn.Module):
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keeps the cache rows ``rows`` [R'] and drops the others (finished rows leave the batch)."""
-        self.kv_cache = self.kv_cache.index_select(2, rows)
+        self.kv_cache = select_cache_rows(self.kv_cache, rows)
         self.cache_len = self.cache_len.index_select(0, rows)
 
     def release(self) -> None:

