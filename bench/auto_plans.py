@@ -58,8 +58,8 @@ def run(batch: int = 10, plans=("chain2", "chain3"), rounds: int = 7, remeasure:
     print("  ".join(f"{name} {v:.0f} ({ar / v:.2f}x)" for name, v in ms.items()))
     stats = last["auto"]
     rates = {name: (round(p["mean_expected_tokens_per_s"]), p["runner_up"],
-                        round(p["runner_up_tokens_per_s"] or 0), round(p["ar_expected_tokens_per_s"]))
-                 for name, p in stats.planner["plans"].items()}
+                    round(p["runner_up_tokens_per_s"] or 0), round(p["ar_expected_tokens_per_s"]))
+             for name, p in stats.planner["plans"].items()}
     print("predicted ms (measured/predicted): " + "  ".join(
         f"{name} {v:.0f} ({ms[name] / v:.2f})" for name, v in predicted_ms.items()))
     print(f"auto: plans {stats.plan_counts}; predicted tokens/s (plan, runner-up, its rate, AR) {rates}; "

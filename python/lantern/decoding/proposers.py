@@ -143,8 +143,7 @@ class DrafterProposer:
         s, B, L, n_done = state.s, state.B, state.L, state.n_done
         # the drafter caches the committed tokens it has not seen and scores the root
         tokens, features, n_new = self.feed.take()
-        positions = (state.rep(n_done) - n_new)[:, None] + torch.arange(tokens.shape[1],
-                                                                                  device=state.device)
+        positions = (state.rep(n_done) - n_new)[:, None] + torch.arange(tokens.shape[1], device=state.device)
         root_logits, root_state = self.live.commit(tokens, features, n_new, positions.clamp(max=L - 1))
         scorer = DraftScorer(self.live, B, s.guided, s.cfg_scale, n_done - 1, L - 1, s.cfg_interval)
         scorer.forwards = 1
