@@ -77,13 +77,14 @@ def _predicted_ms(gpt, drafter, table, labels, plans, sampling) -> dict:
     """ms per batch the cost model predicts for each fixed plan and for compiled AR (decoding steps only: no
     prefill)."""
     from lantern.decoding.calibration import COMPILED_AR
+    from lantern.decoding.config import Sampling
     from lantern.decoding.planner import AcceptanceModel, Planner
 
     costs = _cost_model(gpt, drafter, table, labels, sampling)
     candidates = {p.name: p for p in CONFIG.candidates()}
     planner = Planner(costs, list(candidates.values()), AcceptanceModel(prior_rates=costs.acceptance))
     B, L = labels.shape[0], gpt.config.block_size
-    rows = B * (2 if sampling["cfg_scale"] != 1.0 else 1)
+    rows = B * Sampling(cfg_scale=sampling["cfg_scale"]).halves
     out = {name: 1e3 * planner.run_seconds(candidates[name], rows, B, L - 1) for name in plans
            if name in candidates}
     if costs.knows(COMPILED_AR):

@@ -382,9 +382,7 @@ def _could_pay(plan: Plan, points: Dict[str, Dict[int, float]], at: int, rows: i
     seconds = _predicted(plan, points, at, ar_seconds)
     if seconds > 4 * max_point_s:
         return False
-    B = max(rows // halves, 1)
-    tokens = AcceptanceModel(prior_rates=acceptance).expected_tokens(plan, B, [B] * plan.depth)
-    return tokens / seconds * (1.0 + PRUNE_SLACK) >= B / ar_seconds
+    return _could_beat_ar(plan, seconds / ar_seconds, max(rows // halves, 1), acceptance)
 
 
 def _contains(big: Plan, small: Plan) -> bool:

@@ -331,8 +331,13 @@ class Planner:
         ``plan`` at every step and ``rows`` model rows in each forward: ``steps_to_finish`` x the step's
         seconds. The stragglers a per-step rate does not see are in it: at batch 10 a chain of 2 that
         emits 2.4 tokens a row per step on average needs ~29 steps, not 63 / 2.4 = 26."""
-        steps = steps_to_finish(self.acceptance.survival(plan), remaining, n_active)
-        return steps * self.step_seconds(plan, rows)
+        steps, step_s = self.run_steps(plan, rows, n_active, remaining)
+        return steps * step_s
+
+    def run_steps(self, plan: Plan, rows: int, n_active: int, remaining: int) -> Tuple[float, float]:
+        """(expected steps until the last of ``n_active`` rows is done, seconds a step): ``run_seconds``'
+        factors."""
+        return steps_to_finish(self.acceptance.survival(plan), remaining, n_active), self.step_seconds(plan, rows)
 
     def plan_run(self, rows: int, n_active: int, remaining: int, ar_step_s: Optional[float] = None) -> Decision:
         """The plan to hold for a whole run: the fewest predicted seconds (``run_seconds``); AR (``ar_step_s``
@@ -347,8 +352,7 @@ class Planner:
         runs = []  # (run seconds, plan, steps, step seconds)
         for p in self.plans:
             if not p.is_ar:
-                steps = steps_to_finish(self.acceptance.survival(p), remaining, n_active)
-                step_s = self.step_seconds(p, rows)
+                steps, step_s = self.run_steps(p, rows, n_active, remaining)
                 runs.append((steps * step_s, p, steps, step_s))
         runs.sort(key=lambda r: r[0])
         runs.append((ar_run, AR_PLAN, remaining, ar_step_s))
