@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lantern.decoding.costs import CostModel
 from lantern.decoding.planner import AR_PLAN, AcceptanceModel, Planner, candidate_plans, measured_rates, steps_to_finish
+from lantern.decoding.plans import accept_any, static_level_rates, static_shape
 from planner_models import synthetic_costs
 
 PLANS = candidate_plans(5)
@@ -91,11 +92,60 @@ def test_acceptance_estimates_follow_the_data():
     model.observe(chain3, [900, 810, 729], [1000, 900, 810])  # 0.9 per level
     assert model.level_rates(chain3) == pytest.approx([0.9] * 3, abs=0.01)
     static = next(p for p in PLANS if p.name == "static2-2-1-1")
-    assert all(r > 0.9 for r in model.level_rates(static))  # a wider level accepts more often
+    assert model.level_rates(static)[0] > 0.9  # a wider level accepts more often
     assert model.expected_tokens(chain3, 10, [10, 10, 0]) == pytest.approx(10 + 10 * 0.9 + 10 * 0.81, rel=0.02)
     # sampled chains teach nothing about top-k drafts (another family): tree16 keeps the prior's rates
     tree16 = next(p for p in PLANS if p.name == "tree16")
     assert model.level_rates(tree16) == pytest.approx(AcceptanceModel(prior=0.5).level_rates(tree16))
+
+
+def _walk_survival(widths, b, walks: int, seed: int = 0) -> np.ndarray:
+    """P(accept_len >= d) of walks down ``trees.static_shape(widths)``'s actual tree, each node's children
+    tried in order: the first k of m accept with accept_any(b_d, k) (the model's sibling law)."""
+    parents = static_shape(widths)
+    children = {}
+    for node, parent in enumerate(parents[1:], 1):
+        children.setdefault(parent, []).append(node)
+    rng = np.random.default_rng(seed)
+    reached = np.zeros(len(widths))
+    for _ in range(walks):
+        node, d = 0, 0
+        while children.get(node):
+            kids, u = children[node], rng.random()
+            j = next((i for i in range(len(kids)) if u < accept_any(b[d], i + 1)), None)
+            if j is None:
+                break
+            node, d = kids[j], d + 1
+            reached[d - 1] += 1
+    return reached / walks
+
+
+@pytest.mark.parametrize("widths", [(2, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1), (1, 1, 1), (3, 3, 2)])
+def test_static_level_rates_follow_the_tree_the_plan_drafts(widths):
+    b = [0.8, 0.7, 0.75, 0.6][: len(widths)]
+    model = np.cumprod(static_level_rates(widths, b))
+    walks = 40_000  # a fixed seed: the same walks every run; 5 standard errors apart at most
+    measured = _walk_survival(widths, b, walks)
+    assert np.abs(model - measured).max() < 5 * math.sqrt(0.25 / walks)
+    # a chain-equivalent reading of every level (the width of the first at every level) is wrong by far more
+    # wherever a node below the first level can be childless: (2, 1, 1) reaches its second level only through
+    # its first child
+    if widths == (2, 1, 1):
+        assert model[1] == pytest.approx(b[0] * b[1])
+        naive = np.cumprod([accept_any(r, 2) for r in b])
+        assert naive[1] - measured[1] > 0.05
+
+
+def test_static_trees_below_their_first_level_do_not_teach_the_chains():
+    static = next(p for p in PLANS if p.name == "static2-1-1")
+    chain3 = next(p for p in PLANS if p.name == "chain3")
+    model = AcceptanceModel(prior=0.5)
+    model.observe(static, [0, 500, 400], [0, 1000, 1000])  # levels 2 and 3 only: no chain-equivalent reading
+    assert model.chain_rates(3, "sampled") == pytest.approx(AcceptanceModel(prior=0.5).chain_rates(3, "sampled"))
+    model.observe(static, [900, 0, 0], [1000, 0, 0])  # its first level: 2 siblings, 1 - (1 - b)^(2^0.3) = 0.9
+    b1 = model.chain_rates(3, "sampled")[0]
+    assert accept_any(b1, 2) == pytest.approx(0.9, abs=0.01)
+    assert model.level_rates(chain3)[0] == pytest.approx(b1)
 
 
 def test_measured_rates_become_the_prior_of_their_family():

@@ -11,11 +11,12 @@ per step does not see those stragglers.
   (accepted-length histograms, slowly forgotten), with a conservative prior before data arrives. Plans of one
   draft family share what they learn through a chain-equivalent per-depth rate: a tree of effective width e
   accepts depth d with probability 1 - (1 - b_d)^e, b_d the chain's rate, so a chain's data also informs the
-  trees and vice versa. The two families, sampled drafts (chains and static trees: a draft x drawn from the
-  drafter's q is kept with probability min(1, p(x)/q(x)), so a level accepts with probability 1 - TV(p, q)) and
-  deterministic drafts (top-1 chains and EAGLE-2 trees: a level accepts with probability p(top draft)), accept
-  at very different rates on a diffuse image-token distribution and are pooled separately; so are Jacobi
-  windows (the target's own earlier predictions, docs/sjd.md), a third family.
+  trees and vice versa (a static tree's levels below its first: ``plans.static_level_rates``). The two
+  families, sampled drafts (chains and static trees: a draft x drawn from the drafter's q is kept with
+  probability min(1, p(x)/q(x)), so a level accepts with probability 1 - TV(p, q)) and deterministic drafts
+  (top-1 chains and EAGLE-2 trees: a level accepts with probability p(top draft)), accept at very different
+  rates on a diffuse image-token distribution and are pooled separately; so are Jacobi windows (the target's
+  own earlier predictions, docs/sjd.md), a third family.
 - ``Planner``: expected tokens (acceptance model) over predicted seconds (``costs.CostModel``), per plan;
   AR wins ties, so it never picks a plan its own models predict slower than AR.
 
@@ -103,11 +104,11 @@ class AcceptanceModel:
         for plan, (hits, trials) in self.counts.items():
             if plan.family != family:
                 continue
-            inv_e = 1.0 / plan.effective_width()
             for d in range(min(plan.depth, max_depth)):
-                if trials[d] <= 0:
+                width = plan.pooled_width(d)
+                if trials[d] <= 0 or width is None:
                     continue
-                b = 1.0 - (1.0 - min(hits[d] / trials[d], 1.0 - 1e-9)) ** inv_e
+                b = 1.0 - (1.0 - min(hits[d] / trials[d], 1.0 - 1e-9)) ** (1.0 / width)
                 overall_n += trials[d]
                 overall += trials[d] * b
                 level_n[d] += trials[d]
@@ -126,11 +127,11 @@ class AcceptanceModel:
         own = self.prior_rates.get(plan.name, [])
         b = chain_rates if chain_rates is not None or len(own) >= plan.depth else \
             self.chain_rates(plan.depth, plan.family)
-        e = plan.effective_width()
+        shared_rates = plan.shared_rates(b) if b is not None else []
         counts = self.counts.get(plan)
         rates = []
         for d in range(plan.depth):
-            shared = own[d] if d < len(own) else 1.0 - (1.0 - b[d]) ** e
+            shared = own[d] if d < len(own) else shared_rates[d]
             hits, trials = (counts[0][d], counts[1][d]) if counts else (0.0, 0.0)
             rates.append((hits + self.plan_weight * shared) / (trials + self.plan_weight))
         return rates

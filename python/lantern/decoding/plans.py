@@ -64,12 +64,55 @@ class Plan:
         return self.depth * self.top_per_node if self.kind == "dynamic" else 0
 
     def effective_width(self) -> float:
-        """How many alternatives a level offers, for the shared acceptance model (a chain: 1)."""
+        """How many alternatives a level offers, for the shared acceptance model (a chain: 1; a static tree:
+        its first level's)."""
         if self.kind == "dynamic":
             return max(1.0, self.n_nodes / max(self.depth, 1)) ** WIDTH_EXPONENT
         if self.kind == "static":
             return max(1.0, float(self.static_widths[0] if self.static_widths else 1)) ** WIDTH_EXPONENT
         return 1.0
+
+    def shared_rates(self, chain_rates: Sequence[float]) -> List[float]:
+        """P(level d accepts | level d - 1 did) for d = 1..depth, from the draft family's chain-equivalent
+        rates b_d (the shared acceptance model, planner.py): a level of effective width e accepts with
+        1 - (1 - b_d)^e; a static tree's levels below its first, ``static_level_rates``."""
+        if self.kind == "static":
+            return static_level_rates(self.static_widths, chain_rates)
+        e = self.effective_width()
+        return [1.0 - (1.0 - b) ** e for b in chain_rates[: self.depth]]
+
+    def pooled_width(self, level: int) -> Optional[float]:
+        """The effective width that turns the plan's acceptance at ``level`` (0-based) back into the chain-
+        equivalent rate, or None where that acceptance depends on the levels before: below a static tree's
+        first level, how many children the accepted node has depends on which sibling it was."""
+        if self.kind == "static" and level > 0:
+            return None
+        return self.effective_width()
+
+
+def accept_any(b: float, k: int) -> float:
+    """P(one of k sibling drafts is accepted) at a level of chain-equivalent rate b: 1 - (1 - b)^(k^0.3)."""
+    return 1.0 - (1.0 - b) ** (k ** WIDTH_EXPONENT) if k > 0 else 0.0
+
+
+def static_level_rates(widths: Sequence[int], chain_rates: Sequence[float]) -> List[float]:
+    """P(level d accepts | level d - 1 did) of the static tree of ``widths`` (``static_shape``: a node that is
+    its parent's r-th child gets widths[d] - r children), chain-equivalent rates b_d. Verify tries a node's
+    children in order (SPEC 3.2), so the first k of m siblings accept with ``accept_any(b_d, k)``: the r-th
+    with accept_any(b_d, r + 1) - accept_any(b_d, r). The level below then offers the accepted child's own
+    children: (2, 1, 1) accepts its first level with 1 - (1 - b_1)^(2^0.3), its second with b_1 b_2 over that
+    (only the first child has a child)."""
+    reached = {0: 1.0}  # the accepted node's rank among its siblings -> P(the walk accepted it)
+    before, rates = 1.0, []
+    for width, b in zip(widths, chain_rates):
+        below: Dict[int, float] = {}
+        for rank, p in reached.items():
+            for r in range(max(0, width - rank)):
+                below[r] = below.get(r, 0.0) + p * (accept_any(b, r + 1) - accept_any(b, r))
+        now = sum(below.values())
+        rates.append(now / before if before > 0 else 0.0)
+        before, reached = now, below
+    return rates
 
 
 AR_PLAN = Plan("ar", "ar")
