@@ -221,24 +221,31 @@ def test_the_eagle_drafter_package_gives_the_eager_commit_and_expand():
 
 @pytest.mark.slow  # the drafter's package (compiled by the test above when both run)
 @torch.no_grad()
-def test_a_drafter_bound_to_another_target_reads_that_targets_embedding():
-    """The EAGLE drafter reads its target's token embedding, which is not its own parameter: bound to another
-    target between runs, the package computes with the new target's embedding."""
+def test_a_drafter_bound_to_another_target_reads_that_targets_embedding_and_head():
+    """The EAGLE drafter reads its target's token embedding and output head, which are not its own
+    parameters: bound to another target between runs, the package computes with the new target's."""
     first, drafter = small_models(seed=0)
     second, _ = small_models(seed=9)
+    flipped, _ = small_models(seed=0)  # the first target with another output head
+    flipped.output.weight.neg_()
     tokens, features = torch.randint(0, 64, (2, 3)), torch.randn(2, 3, 64)
     positions, n_new = torch.arange(3).expand(2, 3), torch.tensor([3, 2])
 
     def commit(model):
         drafter.reset(None, 2, 16)
-        return model.commit(tokens, features, n_new, positions)[1]
+        return model.commit(tokens, features, n_new, positions)  # (root logits, root state)
 
     commit(compiled_drafter(drafter, torch.device("cpu"), aot_run(CompileStats())))  # bound to the first
-    drafter.bind(second)
-    got = commit(compiled_drafter(drafter, torch.device("cpu"), aot_run(CompileStats())))  # a new run
-    torch.testing.assert_close(got, commit(drafter), rtol=1e-5, atol=1e-5)
+    for other in (second, flipped):
+        drafter.bind(other)
+        got = commit(compiled_drafter(drafter, torch.device("cpu"), aot_run(CompileStats())))  # a new run
+        assert_close_all(got, commit(drafter))
     drafter.bind(first)
-    assert not torch.allclose(got, commit(drafter))  # the embedding matters
+    eager = commit(drafter)
+    assert not torch.allclose(got[0], eager[0])  # the head matters
+    assert torch.allclose(got[1], eager[1], rtol=1e-5, atol=1e-5)  # the flipped target's embedding is the first's
+    drafter.bind(second)
+    assert not torch.allclose(commit(drafter)[1], eager[1])  # the embedding matters
 
 
 @torch.no_grad()
