@@ -154,10 +154,16 @@ def test_measured_rates_become_the_prior_of_their_family():
     chain2 = next(p for p in PLANS if p.name == "chain2")
     rates = measured_rates({chain2: ([800, 560], [1000, 800])}, 3)  # 0.8 then 0.7
     assert set(rates) == {"sampled"}
-    assert rates["sampled"][:2] == pytest.approx([0.8, 0.7], abs=0.01)
+    # one standard error under the estimate, sqrt(r (1 - r) / trials) (the prior's row among the trials)
+    assert rates["sampled"][:2] == pytest.approx([0.8 - (0.16 / 1001) ** 0.5, 0.7 - (0.21 / 801) ** 0.5], abs=5e-4)
+    few = measured_rates({chain2: ([80, 56], [100, 80])}, 3)["sampled"]  # the same rates over a tenth the trials
+    assert few[:2] == pytest.approx([0.8 - (0.16 / 101) ** 0.5, 0.7 - (0.21 / 81) ** 0.5], abs=2e-3)
+    # level 3, which no plan reached: the pooled rate (over both levels' trials), under its own error
+    pooled = (0.5 + 800 + 560) / 1801
+    assert rates["sampled"][2] == pytest.approx(pooled - (pooled * (1 - pooled) / 1801) ** 0.5, abs=5e-4)
     model = AcceptanceModel(prior=0.5, prior_rates=rates)
     chain3 = next(p for p in PLANS if p.name == "chain3")
-    assert model.level_rates(chain3)[:2] == pytest.approx([0.8, 0.7], abs=0.01)
+    assert model.level_rates(chain3)[:2] == pytest.approx(rates["sampled"][:2], abs=0.01)
     tree16 = next(p for p in PLANS if p.name == "tree16")
     assert model.level_rates(tree16) == pytest.approx(AcceptanceModel(prior=0.5).level_rates(tree16))
     model.observe(chain3, [20, 2, 0], [100, 20, 2])  # this run accepts far less

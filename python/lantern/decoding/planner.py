@@ -97,6 +97,11 @@ class AcceptanceModel:
         """b_d for d = 1..max_depth: the pooled chain-equivalent acceptance of each level over the plans of
         one draft family (``FAMILIES``; one pass over the data; a level no plan reached yet gets every level's
         pooled rate)."""
+        return self.pooled_chain_rates(max_depth, family)[0]
+
+    def pooled_chain_rates(self, max_depth: int, family: str = "top") -> Tuple[List[float], List[float]]:
+        """(``chain_rates``, the trials behind each level's rate: its own and the prior's weight, or, for a level
+        no plan reached and the prior does not give, those of the pooled rate it gets)."""
         measured = self.prior_rates.get(family, [])
         prior = sum(measured) / len(measured) if measured else self.prior
         overall_n, overall = self.prior_weight, prior * self.prior_weight
@@ -114,8 +119,10 @@ class AcceptanceModel:
                 level_n[d] += trials[d]
                 level[d] += trials[d] * b
         pooled = overall / overall_n
-        return [(level[d] + self.prior_weight * (measured[d] if d < len(measured) else pooled)) /
-                (level_n[d] + self.prior_weight) for d in range(max_depth)]
+        rates = [(level[d] + self.prior_weight * (measured[d] if d < len(measured) else pooled)) /
+                 (level_n[d] + self.prior_weight) for d in range(max_depth)]
+        own = [n > 0 or d < len(measured) for d, n in enumerate(level_n)]
+        return rates, [n + self.prior_weight if has else overall_n for n, has in zip(level_n, own)]
 
     def chain_rate(self, depth: int, family: str = "top") -> float:
         """b_d of level ``depth`` (1-based) for the draft family ``family``."""
@@ -164,18 +171,30 @@ def measured_rates(counts: Dict[Plan, Tuple[Sequence[float], Sequence[float]]], 
     trials) per depth, e.g. from a calibration) has data for, to serve as ``prior_rates``. A level without
     data gets the family's pooled rate (a weak 0.5 prior of one row keeps every rate in (0, 1)). Each Jacobi
     window with data also gets its own levels' rates, under its name (the family's pooled rate as a prior of
-    one row)."""
+    one row). Every rate is one standard error under its estimate (``_lower_bound``)."""
     model = AcceptanceModel(prior=0.5, prior_weight=1.0)
     for plan, (hits, trials) in counts.items():
         model.observe(plan, hits, trials)
     families = {p.family for p, (_, trials) in counts.items() if not p.is_ar and sum(trials) > 0}
-    rates = {family: [min(round(b, 4), 0.9999) for b in model.chain_rates(max_depth, family)]
-             for family in sorted(families)}
+    pooled = {family: model.pooled_chain_rates(max_depth, family) for family in sorted(families)}
+    rates = {family: [_lower_bound(b, n) for b, n in zip(*pooled[family])] for family in pooled}
     for plan, (hits, trials) in counts.items():  # Jacobi windows: each its own levels' rates (class doc)
         if plan.kind == "jacobi" and sum(trials) > 0:
-            pooled = rates["jacobi"]
-            rates[plan.name] = [min(round((h + b) / (t + 1.0), 4), 0.9999) for h, t, b in zip(hits, trials, pooled)]
+            rates[plan.name] = [_lower_bound((h + b) / (t + 1.0), t + 1.0) if t > 0 else _lower_bound(b, n)
+                                for h, t, b, n in zip(hits, trials, *pooled["jacobi"])]
     return rates
+
+
+MEASURED_RATE_ERRORS = 1.0  # measured_rates: standard errors under the estimate
+
+
+def _lower_bound(rate: float, trials: float) -> float:
+    """A measured rate, MEASURED_RATE_ERRORS standard errors under its estimate: the planner picks the plan
+    its estimates flatter most, so equal errors would favour the plans whose deep levels rest on the fewest
+    trials (a calibration measures a chain's first level over hundreds of trials, its fifth over a few
+    dozen); rounded, in [0, 1)."""
+    below = rate - MEASURED_RATE_ERRORS * (rate * (1.0 - rate) / max(trials, 1.0)) ** 0.5
+    return min(max(round(below, 4), 0.0), 0.9999)
 
 
 def steps_to_finish(survival: Sequence[float], remaining: int, rows: int) -> float:
