@@ -554,3 +554,26 @@ def test_the_entry_is_created_with_the_users_umask(tmp_path, umask):
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.lstat(costs.cache_path(KEY, tmp_path)).st_mode) == 0o666 & ~umask
+
+
+def test_compiled_ars_step_is_the_median_of_its_timed_pairs(monkeypatch):
+    """generate_ar's compiled step: (a whole image - a prefill) / the tokens between, the median over pairs
+    timed one after the other, as the plans' points are medians. Stand-in runs on a stand-in clock: the
+    whole images take 0.63, 0.80 and 0.66 s (after an untimed first), the prefills 0.03 s. Negative control:
+    the fastest whole image less the fastest prefill (the previous statistic) gives 0.60 s, AR's luckiest run."""
+    from lantern.decoding import calibration
+    from lantern.decoding.config import Sampling
+
+    clock = [0.0]
+    whole = iter([0.5, 0.63, 0.80, 0.66])  # the first (length 2): compiles, untimed
+
+    class StandIn:
+        @staticmethod
+        def unguarded(target, labels, *, length, **kw):
+            clock[0] += 0.03 if length == 1 else next(whole)
+
+    monkeypatch.setattr(calibration, "generate_ar", StandIn)
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
+    step = calibration._compiled_ar_step(None, torch.tensor([0]), None, Sampling(), 64, None, 2, lambda: None)
+    assert step == pytest.approx(0.63 / 63)
+    assert next(whole, None) is None  # every pair was timed

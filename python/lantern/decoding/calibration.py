@@ -234,10 +234,12 @@ def _step_points(times: Dict[str, List[float]], ratios: Dict[str, List[float]]) 
 def _compiled_ar_step(target, labels, masks, sampling: Sampling, L: int, choice: CompileChoice, reps: int,
                       sync) -> Optional[float]:
     """Seconds per token of ``generate_ar``'s compiled loop over ``labels``: (a run of the whole image's L
-    tokens - a run of one, the prefill's) / the L - 1 tokens between, the fastest of ``reps`` (None when the
-    image has a single token, or reps is 0). The first run compiles the graph and is not timed. The whole
-    image, since a step's attention grows with its position: the first tokens' steps are cheaper than the
-    image's mean (at batch 10 on a 2-core CPU, 7.5 ms over the first 10 tokens against 9.2 ms)."""
+    tokens - a run of one, the prefill's, just after it) / the L - 1 tokens between, the median over
+    max(reps, COMPILED_AR_PAIRS) such pairs (None when the image has a single token, or reps is 0): a median,
+    as the plans' points are (the fastest of a few would hold AR to its luckiest run and the plans to their
+    typical ones). The first run compiles the graph and is not timed. The whole image, since a step's
+    attention grows with its position: the first tokens' steps are cheaper than the image's mean (at batch 10
+    on a 2-core CPU, 7.5 ms over the first 10 tokens against 9.2 ms)."""
     s = sampling
 
     def seconds(length: int) -> float:
@@ -253,8 +255,11 @@ def _compiled_ar_step(target, labels, masks, sampling: Sampling, L: int, choice:
     seconds(min(L, 2))
     if n < 2 or reps == 0:
         return None
-    between = min(seconds(n) for _ in range(reps)) - min(seconds(1) for _ in range(reps))
-    return max(between, 1e-6) / (n - 1)
+    steps = [(seconds(n) - seconds(1)) / (n - 1) for _ in range(max(reps, COMPILED_AR_PAIRS))]
+    return max(statistics.median(steps), 1e-6 / (n - 1))
+
+
+COMPILED_AR_PAIRS = 3  # _compiled_ar_step: timed pairs of runs (a whole image, a prefill), at least
 
 
 def _time_plans(timer: _StepTimer, plans: Sequence[Plan], points, rows: int, halves: int, counts: dict,
