@@ -556,24 +556,37 @@ def test_the_entry_is_created_with_the_users_umask(tmp_path, umask):
     assert stat.S_IMODE(os.lstat(costs.cache_path(KEY, tmp_path)).st_mode) == 0o666 & ~umask
 
 
-def test_compiled_ars_step_is_the_median_of_its_timed_pairs(monkeypatch):
-    """generate_ar's compiled step: (a whole image - a prefill) / the tokens between, the median over pairs
-    timed one after the other, as the plans' points are medians. Stand-in runs on a stand-in clock: the
-    whole images take 0.63, 0.80 and 0.66 s (after an untimed first), the prefills 0.03 s. Negative control:
-    the fastest whole image less the fastest prefill (the previous statistic) gives 0.60 s, AR's luckiest run."""
+def test_compiled_ars_step_is_the_median_of_pairs_timed_before_and_after_the_plans(monkeypatch):
+    """generate_ar's compiled step: (a whole image - a prefill) / the tokens between, per pair; half the
+    pairs are timed before the plans' rounds and half after, and the point is their median, as the plans'
+    points are medians. Stand-in runs on a stand-in clock: after an untimed first (the compile), the whole
+    images take 0.60 and 0.62 s before the rounds and 0.80 and 0.84 s after (the device slowed down during
+    them), the prefills 0.03 s: the point is (0.71 - 0.03) / 63. Negative controls: the fastest whole image
+    less the fastest prefill (the previous statistic) gives 0.57 s, AR's luckiest run; pairs timed only after
+    the rounds (before: all of them) give 0.79 s, the device's speed after the plans were timed."""
     from lantern.decoding import calibration
-    from lantern.decoding.config import Sampling
+    from lantern.decoding.compile_choice import CompileChoice
 
-    clock = [0.0]
-    whole = iter([0.5, 0.63, 0.80, 0.66])  # the first (length 2): compiles, untimed
+    clock, events = [0.0], []
+    whole = iter([0.5, 0.60, 0.62, 0.80, 0.84])  # the first (length 2): compiles, untimed
 
     class StandIn:
         @staticmethod
         def unguarded(target, labels, *, length, **kw):
+            events.append("ar" if length > 2 else "warm-up" if length == 2 else "prefill")
             clock[0] += 0.03 if length == 1 else next(whole)
+
+    def rounds(timer, plans, points, rows, *args):
+        events.append("plans")
+        return {"ar": [0.01]}, {}, {}
 
     monkeypatch.setattr(calibration, "generate_ar", StandIn)
     monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
-    step = calibration._compiled_ar_step(None, torch.tensor([0]), None, Sampling(), 64, None, 2, lambda: None)
-    assert step == pytest.approx(0.63 / 63)
-    assert next(whole, None) is None  # every pair was timed
+    monkeypatch.setattr(calibration, "_time_plans", rounds)
+    target = build_gpt("GPT-tiny", block_size=64, n_layer=1).eval()
+    choice = CompileChoice({}, "test", aot=True)  # AR's loop compiled apart from the speculative loop's
+    out = calibration.calibrate(target, None, torch.tensor([0, 1]), None, SpecConfig(method="spec", plans=[AR_PLAN]),
+                                calibration.Sampling(), 64, [AR_PLAN], rows_grid=(2,), choice=choice)
+    assert events == ["warm-up", "ar", "prefill", "ar", "prefill", "plans", "ar", "prefill", "ar", "prefill"]
+    assert out["points"][calibration.COMPILED_AR][2] == pytest.approx((0.71 - 0.03) / 63)  # the median of 4
+    assert next(whole, None) is None

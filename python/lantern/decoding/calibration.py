@@ -192,14 +192,18 @@ def calibrate(target, drafter, cond_idx, neighbours, config: SpecConfig, samplin
         rows = B * halves
         timer = _StepTimer(target, drafter, cond_idx, neighbours, config, sampling, L, plans, B, drafter_counts,
                            emb_masks, compiled)
+        # the graph of tree="auto"'s all-AR runs (generate_ar's), compiled here too, and timed where it
+        # competes with the plans (``CompileChoice.ar_loop_apart``): half its pairs before the plans' rounds,
+        # half after, so that a drift of the device's speed meets it as it meets them
+        pairs = max(reps, COMPILED_AR_PAIRS) if choice.on and choice.ar_loop_apart else 0
+        ar_steps = _compiled_ar_steps(target, timer.labels, timer.masks, sampling, L, choice, pairs // 2,
+                                      timer.sync, warm_up=True) if choice.on else []
         times, ratios, bounds = _time_plans(timer, plans, points, rows, halves, counts, known, reps, max_point_s)
-        timer.close()
-        if choice.on:  # the graph of tree="auto"'s all-AR runs (generate_ar's), compiled here too, and timed
-            # where it competes with the plans (``CompileChoice.ar_loop_apart``)
-            ar_step = _compiled_ar_step(target, timer.labels, timer.masks, sampling, L, choice,
-                                        reps if choice.ar_loop_apart else 0, timer.sync)
-            if ar_step is not None:
-                times[COMPILED_AR] = [ar_step]
+        timer.close()  # (the runs below take the target's cache)
+        ar_steps += _compiled_ar_steps(target, timer.labels, timer.masks, sampling, L, choice, pairs - pairs // 2,
+                                       timer.sync)
+        if ar_steps:
+            times[COMPILED_AR] = [statistics.median(ar_steps)]
         timed = _step_points(times, ratios)
         for name in times:
             if name in timed:
@@ -231,15 +235,15 @@ def _step_points(times: Dict[str, List[float]], ratios: Dict[str, List[float]]) 
     return out
 
 
-def _compiled_ar_step(target, labels, masks, sampling: Sampling, L: int, choice: CompileChoice, reps: int,
-                      sync) -> Optional[float]:
-    """Seconds per token of ``generate_ar``'s compiled loop over ``labels``: (a run of the whole image's L
-    tokens - a run of one, the prefill's, just after it) / the L - 1 tokens between, the median over
-    max(reps, COMPILED_AR_PAIRS) such pairs (None when the image has a single token, or reps is 0): a median,
-    as the plans' points are (the fastest of a few would hold AR to its luckiest run and the plans to their
-    typical ones). The first run compiles the graph and is not timed. The whole image, since a step's
-    attention grows with its position: the first tokens' steps are cheaper than the image's mean (at batch 10
-    on a 2-core CPU, 7.5 ms over the first 10 tokens against 9.2 ms)."""
+def _compiled_ar_steps(target, labels, masks, sampling: Sampling, L: int, choice: CompileChoice, pairs: int,
+                       sync, warm_up: bool = False) -> List[float]:
+    """Seconds per token of ``generate_ar``'s compiled loop over ``labels``, one per timed pair: (a run of the
+    whole image's L tokens - a run of one, the prefill's, just after it) / the L - 1 tokens between (none when
+    the image has a single token). The calibration's point is their median (``calibrate``), as the plans'
+    points are medians (the fastest of a few would hold AR to its luckiest run and the plans to their typical
+    ones). ``warm_up``: a first, untimed run compiles the graph. The whole image, since a step's attention
+    grows with its position: the first tokens' steps are cheaper than the image's mean (at batch 10 on a
+    2-core CPU, 7.5 ms over the first 10 tokens against 9.2 ms)."""
     s = sampling
 
     def seconds(length: int) -> float:
@@ -251,15 +255,14 @@ def _compiled_ar_step(target, labels, masks, sampling: Sampling, L: int, choice:
         sync()
         return time.perf_counter() - t0
 
-    n = L
-    seconds(min(L, 2))
-    if n < 2 or reps == 0:
-        return None
-    steps = [(seconds(n) - seconds(1)) / (n - 1) for _ in range(max(reps, COMPILED_AR_PAIRS))]
-    return max(statistics.median(steps), 1e-6 / (n - 1))
+    if warm_up:
+        seconds(min(L, 2))
+    if L < 2:
+        return []
+    return [max(seconds(L) - seconds(1), 1e-6) / (L - 1) for _ in range(pairs)]
 
 
-COMPILED_AR_PAIRS = 3  # _compiled_ar_step: timed pairs of runs (a whole image, a prefill), at least
+COMPILED_AR_PAIRS = 4  # calibrate: timed pairs of generate_ar's runs (a whole image, a prefill), at least
 
 
 def _time_plans(timer: _StepTimer, plans: Sequence[Plan], points, rows: int, halves: int, counts: dict,
