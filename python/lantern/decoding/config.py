@@ -47,7 +47,7 @@ class SpecConfig:
     acceptance_prior: float = 0.5
     acceptance_memory: float = 0.98  # per step, the weight the acceptance data keeps (see AcceptanceModel)
     adapt_costs: bool = True  # correct the cost model by the run's step times (see Planner); False: reproducible
-    margin: float = 0.1  # draft only when predicted more than 10 % faster than AR (see Planner)
+    margin: float = 0.05  # draft only when predicted more than 5 % faster than AR (see Planner)
     # True: target and drafter forwards compiled: on a CPU lantern's own models from AOT packages (aot.py),
     # otherwise torch.compile (inductor; CUDA graphs on a GPU), node counts padded to buckets (compiled.py); a
     # dict: those torch.compile options; "auto": True where compiling works on the device
