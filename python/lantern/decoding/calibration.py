@@ -302,7 +302,7 @@ def _time_plans(timer: _StepTimer, plans: Sequence[Plan], points, rows: int, hal
     return times, ratios, bounds
 
 
-CONFIRM_ROUNDS = 4  # calibrate: more timed rounds of the plans that could beat AR at a row count
+CONFIRM_ROUNDS = 10  # calibrate: more timed rounds of the plans that could beat AR at a row count
 
 
 def _timed_round(timer: _StepTimer, plans: Sequence[Plan], times: Dict[str, List[float]],
