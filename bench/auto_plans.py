@@ -77,12 +77,17 @@ def _predicted_ms(gpt, drafter, table, labels, plans, sampling) -> dict:
     """ms per batch the cost model predicts for each fixed plan and for compiled AR (decoding steps only: no
     prefill)."""
     from lantern.decoding.calibration import COMPILED_AR
+    from lantern.decoding.compile_choice import resolve_compile
     from lantern.decoding.config import Sampling
     from lantern.decoding.planner import AcceptanceModel, Planner
+    from lantern.decoding.proposers import drafter_can_compact
+    from lantern.decoding.state import compacts
 
     costs = _cost_model(gpt, drafter, table, labels, sampling)
     candidates = {p.name: p for p in CONFIG.candidates()}
-    planner = Planner(costs, list(candidates.values()), AcceptanceModel(prior_rates=costs.acceptance))
+    choice = resolve_compile(CONFIG.compile, gpt.tok_embeddings.weight.device, (gpt, drafter))
+    planner = Planner(costs, list(candidates.values()), AcceptanceModel(prior_rates=costs.acceptance),
+                      compacts=compacts(choice.speculative_on, choice.aot, drafter_can_compact(drafter)))
     B, L = labels.shape[0], gpt.config.block_size
     rows = B * Sampling(cfg_scale=sampling["cfg_scale"]).halves
     out = {name: 1e3 * planner.run_seconds(candidates[name], rows, B, L - 1) for name in plans

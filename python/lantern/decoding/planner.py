@@ -203,8 +203,15 @@ def steps_to_finish(survival: Sequence[float], remaining: int, rows: int) -> flo
     probability survival[k-1] (``AcceptanceModel.survival``; AR: none, exactly ``remaining`` steps), rows
     independent. A batch steps until its slowest row finishes, so this grows with ``rows`` and with the
     spread of the accepted lengths: E[max N] = sum over n of 1 - F(n)^rows, F the law of one row's steps N."""
+    return sum(running for running, _ in finish_profile(survival, remaining, rows))
+
+
+def finish_profile(survival: Sequence[float], remaining: int, rows: int) -> List[Tuple[float, float]]:
+    """Per step n = 1, 2, ... (``steps_to_finish``'s law): (P(the batch still steps: a row is not done),
+    E[rows not done | the batch steps]) = (1 - F^rows, rows (1 - F) / (1 - F^rows)), F = P(a row is done
+    after the n - 1 steps before)."""
     if remaining <= 0:
-        return 0.0
+        return []
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
     tail = np.array([1.0, *survival, 0.0])
@@ -213,14 +220,15 @@ def steps_to_finish(survival: Sequence[float], remaining: int, rows: int) -> flo
     # done[K + r - 1]: P(a row r tokens from its end is done after the steps so far); r <= 0 is done
     done = np.zeros(K + remaining)
     done[:K] = 1.0
-    expected = 0.0
+    profile = []
     for _ in range(remaining):  # every step emits a token or more: `remaining` steps finish every row
-        expected += 1.0 - done[-1] ** rows
+        running = 1.0 - done[-1] ** rows
+        profile.append((running, rows * (1.0 - done[-1]) / running if running > 0 else 0.0))
         after = np.zeros(remaining)
         for k in range(K):  # r tokens to go, 1 + k emitted: r - 1 - k to go
             after += emit[k] * done[K - 1 - k: K - 1 - k + remaining]
         done[K:] = after
-    return expected
+    return profile
 
 
 @dataclass
@@ -284,10 +292,12 @@ class Planner:
     few percent faster is often slower."""
 
     def __init__(self, cost_model, plans: Sequence[Plan], acceptance: Optional[AcceptanceModel] = None,
-                 adapt_costs: bool = False, margin: float = 0.0):
+                 adapt_costs: bool = False, margin: float = 0.0, compacts: bool = False):
+        """compacts: the run's finished rows leave the models' batch (``DecodeState.compactable``), so a
+        whole run's later steps cost fewer rows (``run_steps``)."""
         if not 0.0 <= margin < 10.0:
             raise ValueError(f"margin must be in [0, 10), got {margin}")
-        self.margin = margin
+        self.margin, self.compacts = margin, compacts
         if AR_PLAN not in plans:
             raise ValueError("the planner's candidates must include AR (the plan of last resort)")
         self.cost_model = cost_model
@@ -355,9 +365,21 @@ class Planner:
         return steps * step_s
 
     def run_steps(self, plan: Plan, rows: int, n_active: int, remaining: int) -> Tuple[float, float]:
-        """(expected steps until the last of ``n_active`` rows is done, seconds a step): ``run_seconds``'
-        factors."""
-        return steps_to_finish(self.acceptance.survival(plan), remaining, n_active), self.step_seconds(plan, rows)
+        """(expected steps until the last of ``n_active`` rows is done, the mean seconds of those steps):
+        ``run_seconds``' factors. Where finished rows leave the models' batch (``compacts``), a drafting
+        plan's later steps cost the rows still in it: the rows not done (``finish_profile``), taken out by
+        ``DecodeState.should_compact``'s rule (a quarter of the batch or more). At batch 10 a chain of 2's
+        forwards average 0.89 of the batch's rows."""
+        profile = finish_profile(self.acceptance.survival(plan), remaining, n_active)
+        steps = sum(running for running, _ in profile)
+        if not self.compacts or plan.is_ar or steps <= 0:
+            return steps, self.step_seconds(plan, rows)
+        halves, live, seconds = rows / n_active, float(n_active), 0.0
+        for running, active in profile:
+            if 4 * (live - active) >= live:
+                live = active
+            seconds += running * self.step_seconds(plan, live * halves)
+        return steps, seconds / steps
 
     def plan_run(self, rows: int, n_active: int, remaining: int, ar_step_s: Optional[float] = None) -> Decision:
         """The plan to hold for a whole run: the fewest predicted seconds (``run_seconds``); AR (``ar_step_s``

@@ -114,13 +114,18 @@ class LiveDrafter:
         return getattr(self.drafter, "accepts_tree_mask", False)
 
 
+def drafter_can_compact(drafter) -> bool:
+    """Whether ``drafter``'s caches can drop rows (``keep_rows``)."""
+    return hasattr(drafter, "keep_rows")
+
+
 class DrafterProposer:
     """Drafts a tree per row with a drafter. ``catch_up``: AR steps come between drafting steps (the feed and
     the drafter's cache hold up to L tokens more)."""
 
     def __init__(self, drafter, catch_up: bool):
         self.drafter, self.catch_up = drafter, catch_up
-        self.can_compact = hasattr(drafter, "keep_rows")
+        self.can_compact = drafter_can_compact(drafter)
         self.grow = {"chain": self._chain, "static": self._static, "dynamic": self._dynamic}
 
     def start(self, state, plans, cond, masks, logits, hidden, first) -> None:

@@ -30,8 +30,8 @@ from .config import Sampling, SpecConfig, SpecStats, check_config
 from .exclusive import holds_models, one_backend_per_run
 from .options import check_gpt_sampling
 from .planner import AR_PLAN, AcceptanceModel, Decision, Plan, Planner
-from .proposers import new_state
-from .state import StepFigures, progress
+from .proposers import drafter_can_compact, new_state
+from .state import StepFigures, compacts, progress
 
 
 @holds_models("target", "drafter")
@@ -167,7 +167,10 @@ def _planner(run: _Run, costs) -> Planner:
     config = run.config
     acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory,
                                  prior_rates=costs.acceptance, prior_weight=PRIOR_STEPS * run.cond_idx.shape[0])
-    return Planner(costs, config.candidates(), acceptance, adapt_costs=config.adapt_costs, margin=config.margin)
+    choice = run.choice
+    can_compact = not config.self_drafting and drafter_can_compact(run.drafter)
+    return Planner(costs, config.candidates(), acceptance, adapt_costs=config.adapt_costs, margin=config.margin,
+                   compacts=compacts(choice.speculative_on, choice.aot, can_compact))
 
 
 def _generate_auto(run: _Run, costs):

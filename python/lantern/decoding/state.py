@@ -121,6 +121,13 @@ def progress(n_done: torch.Tensor, L: int, max_depth: int) -> torch.Tensor:
     return (to_go >= 1).sum(0)
 
 
+def compacts(compiled: bool, aot: bool, can_compact: bool) -> bool:
+    """Whether a run's finished rows leave the models' batch (``DecodeState.compact``): its forwards eager or
+    AOT packages (torch.compile's graphs have static shapes; packages serve any row count), and a proposer that
+    can drop rows."""
+    return (not compiled or aot) and can_compact
+
+
 def emit_counts(accept_len, n_done, L):
     """Tokens each row keeps from this step: accepted + 1, but never past the image end."""
     return torch.minimum(accept_len + 1, L - n_done).clamp(min=0)
@@ -160,8 +167,7 @@ class DecodeState:
         # the state, verify and the draft sampling stay at full size, so every random stream keeps its row and
         # the tokens are those of the uncompacted loop.
         self.live: Optional[torch.Tensor] = None  # [live model rows] indices into the model rows, both halves
-        # torch.compile's graphs have static shapes; AOT packages serve any row count
-        self.compactable = (compiled is None or compiled.aot) and proposer.can_compact
+        self.compactable = compacts(compiled is not None, compiled is not None and compiled.aot, proposer.can_compact)
         self.figures: Optional[StepFigures] = None
         self._layout_masks: dict = {}  # fixed tree shape -> its packed mask [B, T, W] (``tree_inputs``)
         self._model_row_masks: dict = {}  # fixed tree shape -> the mask of the model rows (``forward``)
