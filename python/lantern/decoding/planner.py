@@ -197,6 +197,14 @@ def _lower_bound(rate: float, trials: float) -> float:
     return min(max(round(below, 4), 0.0), 0.9999)
 
 
+def compaction_due(live: float, active: float) -> bool:
+    """Whether the finished rows leave the models' batch now (``DecodeState.should_compact``): ``live`` rows
+    (images) in the models' batch, ``active`` of them not done; due once the finished are a quarter of the
+    batch or more (with the rows of the drafting plans ragged, the last rows of a batch finish many steps after
+    the first; at batch 40 a fifth of the row-steps went to finished rows)."""
+    return 4 * (live - active) >= live
+
+
 def steps_to_finish(survival: Sequence[float], remaining: int, rows: int) -> float:
     """Expected steps until the last of ``rows`` rows, each ``remaining`` tokens from its end, is done, with
     one plan held for the whole run: a row emits 1 + the drafts it accepts each step, k drafts or more with
@@ -367,8 +375,8 @@ class Planner:
     def run_steps(self, plan: Plan, rows: int, n_active: int, remaining: int) -> Tuple[float, float]:
         """(expected steps until the last of ``n_active`` rows is done, the mean seconds of those steps):
         ``run_seconds``' factors. Where finished rows leave the models' batch (``compacts``), a drafting
-        plan's later steps cost the rows still in it: the rows not done (``finish_profile``), taken out by
-        ``DecodeState.should_compact``'s rule (a quarter of the batch or more). At batch 10 a chain of 2's
+        plan's later steps cost the rows still in it: the rows not done (``finish_profile``), taken out when
+        ``compaction_due`` (the loop's rule). At batch 10 a chain of 2's
         forwards average 0.89 of the batch's rows."""
         profile = finish_profile(self.acceptance.survival(plan), remaining, n_active)
         steps = sum(running for running, _ in profile)
@@ -376,7 +384,7 @@ class Planner:
             return steps, self.step_seconds(plan, rows)
         halves, live, seconds = rows / n_active, float(n_active), 0.0
         for running, active in profile:
-            if 4 * (live - active) >= live:
+            if compaction_due(live, active):
                 live = active
             seconds += running * self.step_seconds(plan, live * halves)
         return steps, seconds / steps

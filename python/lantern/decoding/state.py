@@ -23,6 +23,7 @@ from .._backend import run_backends
 from .ar import condition_masks, nonfinite_logits, sample_next
 from .compiled import CompiledRun, compiled_target, pad_room
 from .config import Sampling
+from .planner import compaction_due
 from .plans import Plan
 from .trees import depths_from_mask, unguided_past_interval
 
@@ -190,11 +191,9 @@ class DecodeState:
         return self.n_rows if self.live is None else self.live.shape[0]
 
     def should_compact(self, n_active: int) -> bool:
-        """Whether to drop the finished rows from the models now: a quarter of the rows they compute or more
-        (with the rows of the drafting plans ragged, the last rows of a batch finish many steps after the
-        first; at batch 40 a fifth of the row-steps went to finished rows)."""
+        """Whether to drop the finished rows from the models now (``planner.compaction_due``)."""
         live_b = self.forward_rows // self.halves
-        return self.compactable and n_active > 0 and 4 * (live_b - n_active) >= live_b
+        return self.compactable and n_active > 0 and compaction_due(live_b, n_active)
 
     def compact(self) -> None:
         """Keeps only the unfinished rows in the models' caches (one host read: which rows)."""
