@@ -80,14 +80,13 @@ def _predicted_ms(gpt, drafter, table, labels, plans, sampling) -> dict:
     from lantern.decoding.compile_choice import resolve_compile
     from lantern.decoding.config import Sampling
     from lantern.decoding.planner import AcceptanceModel, Planner
-    from lantern.decoding.proposers import drafter_can_compact
-    from lantern.decoding.state import compacts
+    from lantern.decoding.spec import run_compacts
 
     costs = _cost_model(gpt, drafter, table, labels, sampling)
     candidates = {p.name: p for p in CONFIG.candidates()}
     choice = resolve_compile(CONFIG.compile, gpt.tok_embeddings.weight.device, (gpt, drafter))
     planner = Planner(costs, list(candidates.values()), AcceptanceModel(prior_rates=costs.acceptance),
-                      compacts=compacts(choice.speculative_on, choice.aot, drafter_can_compact(drafter)))
+                      compacts=run_compacts(CONFIG, choice, drafter))
     B, L = labels.shape[0], gpt.config.block_size
     rows = B * Sampling(cfg_scale=sampling["cfg_scale"]).halves
     out = {name: 1e3 * planner.run_seconds(candidates[name], rows, B, L - 1) for name in plans

@@ -167,10 +167,14 @@ def _planner(run: _Run, costs) -> Planner:
     config = run.config
     acceptance = AcceptanceModel(prior=config.acceptance_prior, memory=config.acceptance_memory,
                                  prior_rates=costs.acceptance, prior_weight=PRIOR_STEPS * run.cond_idx.shape[0])
-    choice = run.choice
-    can_compact = not config.self_drafting and drafter_can_compact(run.drafter)
     return Planner(costs, config.candidates(), acceptance, adapt_costs=config.adapt_costs, margin=config.margin,
-                   compacts=compacts(choice.speculative_on, choice.aot, can_compact))
+                   compacts=run_compacts(config, run.choice, run.drafter))
+
+
+def run_compacts(config: SpecConfig, choice: CompileChoice, drafter) -> bool:
+    """Whether a run of these settings drops its finished rows from the models' batch (``state.compacts``)."""
+    can_compact = not config.self_drafting and drafter_can_compact(drafter)
+    return compacts(choice.speculative_on, choice.aot, can_compact)
 
 
 def _generate_auto(run: _Run, costs):
