@@ -327,4 +327,66 @@ inline ContinuousVerifyCall prepare_continuous_verify(const at::Tensor& draft, c
           at::empty({g.B, g.N}, draft.options().dtype(at::kInt))};
 }
 
+// ---- draft_sample (SPEC §5, "Sampled drafts") ------------------------------------------------------------
+
+struct DraftSampleDims {
+  int64_t B, N, V;
+};
+
+// logits [B, N, V] float (float32, float64, bfloat16, float16); uncond_logits like logits; cfg_scale,
+// temperature [B] in the compute type (float64 for float64 logits, else float32); top_k int64 [B]; top_p
+// float64 [B]; 1 <= draws <= V; seed, offset one-element int64; node_ids int64 [B, N]; rows int64 [B] or None.
+inline DraftSampleDims check_draft_sample(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
+                                          const at::Tensor& cfg_scale, const at::Tensor& temperature,
+                                          const at::Tensor& top_k, const at::Tensor& top_p, int64_t draws,
+                                          const at::Tensor& seed, const at::Tensor& node_ids, const at::Tensor& offset,
+                                          const std::optional<at::Tensor>& rows) {
+  TORCH_CHECK_VALUE(logits.dim() == 3 && logits.size(2) >= 1,
+                    "draft_sample: logits must have shape [B, N, V] with V >= 1, got ", logits.sizes());
+  const auto floating = [](const at::Tensor& t) {
+    const auto s = t.scalar_type();
+    return s == at::kFloat || s == at::kDouble || s == at::kBFloat16 || s == at::kHalf;
+  };
+  TORCH_CHECK_TYPE(floating(logits), "draft_sample: logits must be float32, float64, bfloat16 or float16, got ",
+                   logits.scalar_type());
+  const int64_t B = logits.size(0), N = logits.size(1), V = logits.size(2);
+  TORCH_CHECK_VALUE(V <= (int64_t{1} << 31) - 1, "draft_sample: V must fit in int32, got ", V);
+  if (uncond_logits) {
+    TORCH_CHECK_TYPE(floating(*uncond_logits), "draft_sample: uncond_logits must be float32, float64, bfloat16 or "
+                     "float16, got ", uncond_logits->scalar_type());
+    TORCH_CHECK_VALUE(uncond_logits->sizes() == logits.sizes() && uncond_logits->device() == logits.device(),
+                      "draft_sample: uncond_logits must have logits' shape ", logits.sizes(), " and device, got ",
+                      uncond_logits->sizes(), " on ", uncond_logits->device());
+  }
+  const auto real = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // the compute type
+  const std::pair<const at::Tensor*, at::ScalarType> settings[] = {
+      {&cfg_scale, real}, {&temperature, real}, {&top_k, at::kLong}, {&top_p, at::kDouble}};
+  const char* names[] = {"cfg_scale", "temperature", "top_k", "top_p"};
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor& t = *settings[i].first;
+    TORCH_CHECK_TYPE(t.scalar_type() == settings[i].second, "draft_sample: ", names[i], " must be a ",
+                     settings[i].second, " tensor, got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == B && t.device() == logits.device(), "draft_sample: ", names[i],
+                      " must have shape [", B, "] on ", logits.device(), ", got ", t.sizes(), " on ", t.device());
+  }
+  TORCH_CHECK_VALUE(draws >= 1 && draws <= V, "draft_sample: draws must be in [1, V=", V, "], got ", draws);
+  for (const auto& [t, name] : {std::pair{&seed, "seed"}, std::pair{&offset, "offset"}}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, "draft_sample: ", name, " must be an int64 tensor, got ",
+                     t->scalar_type());
+    TORCH_CHECK_VALUE(t->numel() == 1, "draft_sample: ", name, " must have one element, got shape ", t->sizes());
+  }
+  TORCH_CHECK_TYPE(node_ids.scalar_type() == at::kLong, "draft_sample: node_ids must be int64, got ",
+                   node_ids.scalar_type());
+  TORCH_CHECK_VALUE(node_ids.dim() == 2 && node_ids.size(0) == B && node_ids.size(1) == N &&
+                        node_ids.device() == logits.device(),
+                    "draft_sample: node_ids must have shape [", B, ", ", N, "] on ", logits.device(), ", got ",
+                    node_ids.sizes(), " on ", node_ids.device());
+  if (rows) {
+    TORCH_CHECK_TYPE(rows->scalar_type() == at::kLong, "draft_sample: rows must be int64, got ", rows->scalar_type());
+    TORCH_CHECK_VALUE(rows->dim() == 1 && rows->size(0) == B && rows->device() == logits.device(),
+                      "draft_sample: rows must have shape [", B, "] on ", logits.device(), ", got ", rows->sizes());
+  }
+  return {B, N, V};
+}
+
 }  // namespace lantern

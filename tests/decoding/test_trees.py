@@ -113,3 +113,63 @@ def test_a_trees_exponentials_drawn_at_once_are_each_levels_own():
     assert not torch.equal(draw_without_replacement(probs, 3, other),
                            sample_without_replacement(probs, 3, seed, node_ids, offset, rows))
 
+
+
+@pytest.mark.parametrize("tree", [dict(tree="chain", depth=3), dict(tree="static", static_widths=(2, 2, 1))],
+                         ids=["chain3", "static2-2-1"])
+def test_sampled_drafts_come_from_the_draft_sample_kernel_with_the_references_tokens(monkeypatch, tree):
+    """A run's sampled drafts (a chain, a static tree) are drawn by ops.draft_sample on the run's backend: under
+    the cpu backend its kernel runs, and the images are those of the same run with the draws composed from
+    process_logits and philox_uniform (what a run takes where no kernel serves draft_sample)."""
+    import tiny_random_models
+    from lantern import _backend
+    from lantern.decoding import state
+
+    target, drafter = tiny_random_models.small_models()
+    labels = torch.tensor([1, 2, 3])
+    table = lantern.ops.latent_neighbours(torch.randn(64, 8, generator=torch.Generator().manual_seed(4)), 8,
+                                          backend="reference")
+    options = dict(method="lantern", drafter=drafter, neighbours=table, k=8, delta=0.2, seed=5, compile=False,
+                   temperature=0.9, cfg_scale=2.0, **tree)
+    with lantern.fused("cpu"):
+        before = _backend.kernel_calls()["ran"].get(("cpu", "draft_sample"), 0)
+        fused, _ = lantern.generate(target, labels, **options)
+        assert _backend.kernel_calls()["ran"].get(("cpu", "draft_sample"), 0) > before
+        draft = state.DecodeState.draft
+
+        def reference_draws(self, *args):
+            self.backends = dict(self.backends, draft_sample="reference")
+            return draft(self, *args)
+
+        monkeypatch.setattr(state.DecodeState, "draft", reference_draws)
+        with_reference, _ = lantern.generate(target, labels, **options)
+    assert torch.equal(fused, with_reference)
+
+
+@pytest.mark.parametrize("temperature", [0.8, torch.tensor([0.0, 1.2, 0.5])], ids=["scalar", "per-row-greedy"])
+@pytest.mark.parametrize("draws", [1, 4])
+def test_the_composed_draws_are_draft_samples_definition(temperature, draws):
+    """DecodeState.draft's composition (process, the drafter's Philox keys, the race) where no kernel serves
+    draft_sample gives the reference definition's q and tokens, top-k leaving fewer tokens than draws."""
+    from types import SimpleNamespace
+
+    from lantern.decoding.config import Sampling
+    from lantern.decoding.state import DecodeState
+    from lantern.decoding.trees import DRAFT_SEED_SALT
+    from lantern.ops.reference.draft_sample import draft_sample
+
+    B, N, V = 3, 2, 30
+    g = torch.Generator().manual_seed(1)
+    logits = 3 * torch.randn(B, N, V, generator=g)
+    rows, node_ids = torch.tensor([9, 2, 4]), torch.tensor([[0, 1], [0, 1], [2, 3]])
+    sampling = Sampling(temperature=temperature, top_k=3, seed=77, rows=rows)
+    greedy = torch.as_tensor(temperature) == 0
+    state = SimpleNamespace(s=sampling, backends={"draft_sample": "reference", "process_logits": "reference"},
+                            greedy_rows=greedy.expand(B) if bool(greedy.any()) else None)
+    state.process = lambda draft_logits: DecodeState.process(state, draft_logits)
+    got = DecodeState.draft(state, logits, draws, node_ids, 6)
+    want = draft_sample(logits, None, 1.0, temperature, 3, 1.0, draws=draws, seed=77 ^ DRAFT_SEED_SALT,
+                        node_ids=node_ids, offset=6, rows=rows)
+    assert torch.equal(got.probs, want.probs) and torch.equal(got.tokens, want.tokens)
+    other = DecodeState.draft(state, logits, draws, node_ids, 7)  # negative control: another offset
+    assert not torch.equal(other.tokens, want.tokens)

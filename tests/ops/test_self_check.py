@@ -6,6 +6,7 @@ interpreter) kernels pass every op's check, and the cases have margins that roun
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import warnings
 
@@ -18,6 +19,7 @@ from lantern import _backend, ops
 from lantern.ops import (
     compact_kv_op,
     continuous_verify_op,
+    draft_sample_op,
     latent_neighbours_op,
     philox_uniform_op,
     self_check,
@@ -163,6 +165,13 @@ FAULTY = {
        lambda *a, **k: backends.kernel("cpu", "continuous_verify")(*a, **k)._replace(  # 1e-4 on one token
            tokens=backends.kernel("cpu", "continuous_verify")(*a, **k).tokens.index_add(1, torch.tensor([2]),
                                                                                       torch.full((3, 1, 3), 1e-4)))],
+    "draft_sample": [  # an off-by-one offset; the draws of a greedy row from its softmax; 1e-4 on one q
+        lambda *a, **k: backends.kernel("cpu", "draft_sample")(*a, **{**k, "offset": k["offset"] + 1}),
+        lambda *a, **k: backends.kernel("cpu", "draft_sample")(*a, **{**k, "temperature": torch.where(
+            torch.as_tensor(k.get("temperature", 1.0)) == 0, 1.0, torch.as_tensor(k.get("temperature", 1.0)))}),
+        lambda *a, **k: backends.kernel("cpu", "draft_sample")(*a, **k)._replace(
+            probs=backends.kernel("cpu", "draft_sample")(*a, **k).probs.index_add(2, torch.tensor([0]),
+                                                                                torch.full((3, 2, 1), 1e-4)))],
 }
 
 
@@ -170,7 +179,7 @@ FAULTY = {
 def test_every_case_catches_a_subtle_fault(monkeypatch, op_name, faulty):
     """Negative controls: the reference verify's deliberate bugs (wrong residual, reused uniform, off-by-one
     neighbour count), one swapped neighbour pair, 1e-3 on one attention output row, one K/V move skipped,
-    one ulp on the uniforms."""
+    one ulp on the uniforms; the drafts' off-by-one offset, greedy rows drawn from the softmax, 1e-4 on one q."""
     monkeypatch.setitem(_backend._REGISTRY["cpu"], op_name, faulty)
     mismatch = self_check.check("cpu", op_name, CPU)
     assert mismatch is not None and mismatch.startswith(op_name), mismatch
@@ -352,6 +361,10 @@ def test_the_cases_are_valid_public_inputs():
     compact_kv_op.check(*self_check.compact_case(CPU))
     for args in self_check.philox_cases(CPU):
         philox_uniform_op.check(*args)
+    for kwargs, _ in self_check.draft_cases(CPU):
+        draft_sample_op.check(kwargs["logits"], kwargs.get("uncond_logits"), kwargs.get("cfg_scale", 1.0),
+                              kwargs.get("temperature", 1.0), kwargs.get("top_k", 0), kwargs.get("top_p", 1.0),
+                              kwargs["draws"], kwargs["seed"], kwargs["node_ids"], kwargs["offset"], kwargs.get("rows"))
     for kwargs, _ in self_check.continuous_cases(CPU):
         continuous_verify_op.check(*(kwargs[n] for n in ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q", "logsig_p",
                                                              "logsig_q", "rule")),
@@ -412,3 +425,22 @@ def test_neighbour_codebook_is_tie_free():
         table = reference_neighbours(codebook, self_check.NEIGHBOUR_K, normalize)
         exact = torch.as_tensor(exact_table(codebook, self_check.NEIGHBOUR_K, normalize))
         assert torch.equal(table.to(torch.int64), exact)
+
+
+def test_draft_cases_keys_are_apart_beyond_rounding():
+    """In every draft_sample case, the keys E / q deciding each node's draws (the first draws + 1, finite) differ
+    by more than 1e-4 relative, so no float32 rounding of q or E can reorder them."""
+    from lantern.ops.reference.draft_sample import draft_sample
+    from lantern.ops.reference.philox import exponential_key, philox_uniform
+
+    for kwargs, label in self_check.draft_cases(CPU):
+        q = draft_sample(**kwargs).probs.double()
+        B, N, V = q.shape
+        rows = kwargs.get("rows", torch.arange(B))
+        u = philox_uniform(kwargs["seed"], torch.arange(V)[None, None, :], kwargs["node_ids"][..., None],
+                           rows[:, None, None], kwargs["offset"])
+        keys = torch.where(q > 0, exponential_key(u).double() / q, math.inf).sort(-1).values
+        keys = keys[..., : kwargs["draws"] + 1]
+        ratio = keys[..., 1:] / keys[..., :-1]
+        close = torch.isfinite(keys[..., 1:]) & (ratio < 1 + 1e-4)
+        assert not bool(close.any()), label

@@ -159,14 +159,12 @@ class DrafterProposer:
                         broken=nonfinite_logits(root_logits), draft_forwards=tree.draft_forwards, layout=tree.layout)
 
     def _chain(self, state, scorer, root_tok, root_logits, root_state, plan: Plan, step: int) -> Tree:
-        s = state.s
-        return grow_chain(scorer, root_tok, root_logits, root_state, plan.depth, plan.sampled, state.process,
-                          s.seed, step, s.rows)
+        return grow_chain(scorer, root_tok, root_logits, root_state, plan.depth,
+                          state.draft if plan.sampled else None, step)
 
     def _static(self, state, scorer, root_tok, root_logits, root_state, plan: Plan, step: int) -> Tree:
-        s = state.s
-        return grow_static(scorer, root_tok, root_logits, root_state, static_shape(plan.static_widths),
-                           state.process, s.seed, step, s.rows)
+        return grow_static(scorer, root_tok, root_logits, root_state, static_shape(plan.static_widths), state.draft,
+                           step)
 
     def _dynamic(self, state, scorer, root_tok, root_logits, root_state, plan: Plan, step: int) -> Tree:
         return grow_dynamic(scorer, root_tok, root_logits, root_state, plan.depth, plan.top_per_node, plan.n_nodes)

@@ -25,7 +25,13 @@ from .compiled import CompiledRun, compiled_target, pad_room
 from .config import Sampling
 from .planner import compaction_due
 from .plans import Plan
-from .trees import depths_from_mask, unguided_past_interval
+from .trees import (
+    DRAFT_SEED_SALT,
+    depths_from_mask,
+    draft_exponentials,
+    draw_without_replacement,
+    unguided_past_interval,
+)
 
 
 @dataclass(frozen=True)
@@ -327,6 +333,21 @@ class DecodeState:
                                f"weights or inputs); the decoding stopped")
         self.proposer.settle(last)
         return values[: max_depth + 1]
+
+    def draft(self, logits: torch.Tensor, draws: int, node_ids: torch.Tensor, offset: int) -> ops.DraftSample:
+        """Sampled drafts of tree nodes on the drafter's own Philox stream: guided logits [B, N, V] -> (q [B, N, V]
+        each node's draft distribution, tokens [B, N, draws]) by ``ops.draft_sample`` (a greedy row's q is
+        one-hot at its top token, as in ``process``); node_ids [B, N] the nodes' Philox node ids. Where no kernel
+        serves draft_sample (a GPU), its definition is composed from process_logits and philox_uniform's kernel
+        rather than run as the reference's Python Philox."""
+        s = self.s
+        if self.backends["draft_sample"] == "reference":
+            q = self.process(logits)
+            exponentials = draft_exponentials(s.seed, logits.shape[-1], node_ids, offset, s.rows)
+            return ops.DraftSample(q, draw_without_replacement(q, draws, exponentials))
+        return ops.draft_sample(logits, None, 1.0, s.temperature, s.top_k, s.top_p, draws=draws,
+                                seed=s.seed ^ DRAFT_SEED_SALT, node_ids=node_ids, offset=offset, rows=s.rows,
+                                backend=self.backends["draft_sample"])
 
     def process(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """The sampling distribution of sampled drafts [B, ..., V] from guided logits (the drafter's, or the

@@ -156,9 +156,12 @@ def draft_exponentials(seed: int, V: int, node_ids: torch.Tensor, offset: int,
 
 def draw_without_replacement(probs: torch.Tensor, m: int, exponentials: torch.Tensor) -> torch.Tensor:
     """m draws without replacement from probs [B, N, V] by the exponential keys ``exponentials`` [B, N, V]
-    (``draft_exponentials``): the m smallest E_i / q_i -> tokens [B, N, m]."""
+    (``draft_exponentials``): the m smallest E_i / q_i, the lower token on ties (+inf keys, q_i = 0, in token
+    order; SPEC §5 "Sampled drafts") -> tokens [B, N, m]."""
     keys = torch.where(probs > 0, exponentials / probs, float("inf"))
-    return keys.topk(m, dim=-1, largest=False).indices
+    if m == 1:
+        return keys.argmin(-1, keepdim=True)  # the first of equal minima
+    return keys.sort(dim=-1, stable=True).indices[..., :m]
 
 
 def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids: torch.Tensor, offset: int,
@@ -168,26 +171,24 @@ def sample_without_replacement(probs: torch.Tensor, m: int, seed: int, node_ids:
     return draw_without_replacement(probs, m, draft_exponentials(seed, probs.shape[-1], node_ids, offset, rows))
 
 
-def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: int, sampled: bool,
-               process: Callable, seed: int, offset: int, rows: Optional[torch.Tensor] = None) -> Tree:
-    """A chain of `depth` drafts: top-1 (deterministic) or one draw from the processed draft distribution
-    (keyed by the row keys ``rows`` [B], default b: ``draft_exponentials``)."""
+def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: int, draft: Optional[Callable],
+               offset: int) -> Tree:
+    """A chain of `depth` drafts: top-1 (``draft`` None: deterministic), or one draw from each node's draft
+    distribution (``draft``: ``DecodeState.draft``; draft d's Philox node id is d)."""
     B, dev = root_tok.shape[0], root_tok.device
     probs = []  # node d's draft distribution (its child was drawn from it)
     logits, node_state = root_logits, None  # [B, V] guided
     drafts = []  # [B] each
     all_parents = torch.arange(-1, depth - 1, device=dev).expand(B, -1)  # [B, depth] the drafts' partial tree
     all_depths = torch.arange(1, depth + 1, device=dev).expand(B, -1)
-    if sampled:  # draft d's Philox node id is d
-        node_ids = torch.arange(depth, device=dev).expand(B, -1)
-        exponentials = draft_exponentials(seed, root_logits.shape[-1], node_ids, offset, rows)  # [B, depth, V]
+    node_ids = all_depths - 1
     for d in range(depth):
-        q = process(logits)  # [B, V]
-        if sampled:
-            tok = draw_without_replacement(q[:, None], 1, exponentials[:, d: d + 1])[:, 0, 0]
+        if draft is not None:
+            q, tok = draft(logits[:, None], 1, node_ids[:, d: d + 1], offset)  # [B, 1, V], [B, 1, 1]
+            probs.append(q[:, 0])
+            tok = tok[:, 0, 0]
         else:
             tok = logits.argmax(-1)
-        probs.append(q)
         drafts.append(tok)
         if d + 1 < depth:
             chain_tokens, chain_parents = torch.stack(drafts, 1), all_parents[:, : d + 1]  # [B, d + 1]
@@ -201,7 +202,7 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
     tree_tokens = torch.stack([root_tok, *drafts], 1)
     tree_parents = torch.arange(-1, T - 1, device=dev).expand(B, T).contiguous()
     draft_probs = None
-    if sampled:
+    if draft is not None:
         draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], 1)  # node d's children drawn from probs[d]
     return Tree(tree_tokens, tree_parents, torch.arange(T, device=dev).expand(B, T).contiguous(), draft_probs,
                 scorer.forwards, tuple(range(-1, T - 1)))
@@ -247,11 +248,11 @@ def _layout(parents: Tuple[int, ...]) -> StaticLayout:
     return StaticLayout(tuple(parents), tuple(depth), levels, tuple(draws), tuple(slots), tuple(ranks))
 
 
-def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: List[int], process: Callable,
-                seed: int, offset: int, rows: Optional[torch.Tensor] = None) -> Tree:
-    """The fixed shape, children of each node drawn without replacement from the node's processed draft
-    distribution (sampled drafts, EAGLE-1 / LANTERN++ style; row keys ``rows`` [B], default b). One drafter
-    call and one draw per depth."""
+def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: List[int], draft: Callable,
+                offset: int) -> Tree:
+    """The fixed shape, children of each node drawn without replacement from the node's draft distribution
+    (sampled drafts, EAGLE-1 / LANTERN++ style; ``draft``: ``DecodeState.draft``, a node's Philox node id its
+    index). One drafter call and one draw per depth."""
     B, T, V, dev = root_tok.shape[0], len(shape), root_logits.shape[-1], root_tok.device
     layout = static_layout(tuple(shape))
     parents = torch.tensor(layout.parents, device=dev).expand(B, T).contiguous()
@@ -264,13 +265,11 @@ def grow_static(scorer: DraftScorer, root_tok, root_logits, root_state, shape: L
     n_levels = len(layout.levels)
     n_inner = layout.levels[-2][-1] + 1  # the nodes with children: every level's but the last (BFS order)
     node_ids = torch.arange(n_inner, device=dev).expand(B, -1)  # a node's Philox node id is its index
-    exponentials = draft_exponentials(seed, V, node_ids, offset, rows)  # [B, n_inner, V]
     for d in range(n_levels - 1):
         level, kids = layout.levels[d], layout.levels[d + 1]
         here = slice(level[0], level[-1] + 1)  # a level's nodes are contiguous (BFS order)
-        q = process(level_logits)  # [B, n, V]
+        q, draws = draft(level_logits, layout.draws[d], node_ids[:, here], offset)  # [B, n, V], [B, n, m]
         draft_probs[:, here] = q
-        draws = draw_without_replacement(q, layout.draws[d], exponentials[:, here])  # [B, n, m]
         tokens[:, kids[0]: kids[-1] + 1] = draws[:, torch.tensor(layout.kid_slot[d], device=dev),
                                                  torch.tensor(layout.kid_rank[d], device=dev)]
         if d + 2 < n_levels:

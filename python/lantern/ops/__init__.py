@@ -13,10 +13,12 @@ from .ancestor_mask_op import ancestor_mask
 from .build_tree_op import build_tree
 from .compact_kv_op import compact_kv
 from .continuous_verify_op import continuous_verify
+from .draft_sample_op import draft_sample
 from .latent_neighbours_op import latent_neighbours
 from .philox_uniform_op import philox_uniform
 from .process_logits_op import process_logits
 from .reference.continuous_verify import ContinuousVerifyResult
+from .reference.draft_sample import DraftSample
 from .reference.verify import VerifyResult
 from .tree_attention_op import tree_attention
 from .verify_op import verify
@@ -33,6 +35,8 @@ __all__ = [
     "compact_kv",
     "ContinuousVerifyResult",
     "continuous_verify",
+    "DraftSample",
+    "draft_sample",
 ]
 
 

@@ -319,6 +319,42 @@ def _check_continuous_verify(kernel: Callable, reference: Callable, device: torc
     return None
 
 
+# ---- draft_sample (SPEC §5, "Sampled drafts") -------------------------------------------------------------
+
+DRAFT_PROBS_RTOL = 1e-5
+
+
+def draft_cases(device: torch.device):
+    """(kwargs, label) draft_sample calls on distinct multiples of 1/8: plain settings, guidance with a greedy
+    row, top-k and top-p per row, several draws (more than a top-k set holds: +inf keys in token order), row
+    keys and node ids that are not (b, n), an offset that wraps."""
+    g = _generator()
+    B, N, V = 3, 2, 16
+    logits = (torch.randperm(B * N * V, generator=g).reshape(B, N, V).to(torch.float32) - 48) / 8
+    uncond = (torch.randperm(B * N * V, generator=g).reshape(B, N, V).to(torch.float32) - 48) / 8
+    i64 = dict(dtype=torch.int64)
+    common = dict(node_ids=torch.tensor([[0, 1], [5, 2**32 - 1], [3, 4]], **i64), seed=2**64 - 5, offset=2**32 - 2)
+    cases = [(dict(common, logits=logits, draws=1), "plain"),
+             (dict(common, logits=logits, uncond_logits=uncond, cfg_scale=torch.tensor([1.5, 2.0, 0.5]),
+                   temperature=torch.tensor([1.0, 0.0, 0.75]), draws=2, rows=torch.tensor([7, 0, 2**32 - 1])),
+              "guided, a greedy row"),
+             (dict(common, logits=logits, top_k=torch.tensor([3, 0, 2]), top_p=torch.tensor([1.0, 0.5, 0.9]),
+                   draws=4), "top-k, top-p, more draws than kept tokens")]
+    return [(_to(kwargs, device), label) for kwargs, label in cases]
+
+
+def _check_draft_sample(kernel: Callable, reference: Callable, device: torch.device) -> Optional[str]:
+    for kwargs, label in draft_cases(device):
+        want, got = reference(**kwargs), kernel(**kwargs)
+        if not isinstance(got, tuple) or len(got) != 2:
+            return f"draft_sample ({label}) returned {type(got).__name__}, not (probs, tokens)"
+        diff = (_first_difference("tokens", got[1], want.tokens)
+                or _first_difference("probs", got[0], want.probs, DRAFT_PROBS_RTOL, 0.0))
+        if diff is not None:
+            return f"draft_sample ({label}): {diff}"
+    return None
+
+
 # op name -> check(kernel, reference, device) -> None or the first mismatch
 CASES: Dict[str, Callable[[Callable, Callable, torch.device], Optional[str]]] = {
     "verify": _check_verify,
@@ -327,4 +363,5 @@ CASES: Dict[str, Callable[[Callable, Callable, torch.device], Optional[str]]] = 
     "compact_kv": _check_compact_kv,
     "philox_uniform": _check_philox_uniform,
     "continuous_verify": _check_continuous_verify,
+    "draft_sample": _check_draft_sample,
 }
