@@ -21,7 +21,15 @@ from lantern.decoding import Sampling, SpecConfig
 from lantern.decoding.planner import Plan
 from lantern.decoding.proposers import new_state
 from lantern.decoding.state import DecodeState
-from lantern.ops import continuous_verify_op, library, philox_uniform_op, self_check, triton_backend, verify_op
+from lantern.ops import (
+    continuous_verify_op,
+    draft_sample_op,
+    library,
+    philox_uniform_op,
+    self_check,
+    triton_backend,
+    verify_op,
+)
 from lantern.ops.reference.tree import ancestor_mask
 
 CPU = torch.device("cpu")
@@ -69,7 +77,7 @@ def test_lantern_C_registers_kernels_for_the_declared_ops():
     for name in EXTENSION_OPS:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"lantern::{name}", "CPU"), name
     assert set(EXTENSION_OPS) == {"verify", "latent_neighbours", "tree_attention", "compact_kv", "philox_uniform",
-                                  "continuous_verify"}
+                                  "continuous_verify", "draft_sample"}
 
 
 def same_schema(name: str, a: str, b: str) -> bool:
@@ -131,6 +139,7 @@ def op_samples():
     scores = torch.tensor([[-0.5, -1.0, -0.75, -2.0], [-0.25, -0.5, -3.0, -0.6]])
     cand_parents = torch.tensor([[-1, -1, 0, 1], [-1, 0, 1, 0]])
     cv = self_check.continuous_cases(CPU)[1][0]
+    draft = self_check.draft_cases(CPU)[1][0]
     continuous = continuous_verify_op.to_schema(
         "cpu", *(cv[n] for n in ("draft", "mu_p", "sigma_p", "mu_q", "sigma_q", "logsig_p", "logsig_q", "rule",
                                  "bandwidth", "sigma_ratio")), 1000, cv["seed"], cv["offset"], rows=cv["rows"],
@@ -142,6 +151,10 @@ def op_samples():
         "tree_attention": self_check.attention_case(CPU),
         "compact_kv": self_check.compact_case(CPU),
         "philox_uniform": philox_uniform_op.to_schema("cpu", seed, c0, c1, c2, c3),
+        "draft_sample": draft_sample_op.to_schema(
+            "cpu", draft["logits"], draft["uncond_logits"], draft["cfg_scale"], draft["temperature"],
+            draws=draft["draws"], seed=draft["seed"], node_ids=draft["node_ids"], offset=draft["offset"],
+            rows=draft["rows"]),
         "process_logits": (verify[0], verify[4], verify[5], verify[6], verify[7], verify[8]),
         "ancestor_mask": (parents,),
         "build_tree": (torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]]), cand_parents, scores, torch.tensor([9, 0]), 3),

@@ -37,4 +37,4 @@ def draft_sample(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor] = N
     u = philox_uniform(seed, torch.arange(V, device=logits.device)[None, None, :], node_ids[..., None],
                        row_keys[:, None, None], offset)
     keys = torch.where(q > 0, exponential_key(u) / q, float("inf"))
-    return DraftSample(q, keys.sort(dim=-1, stable=True).indices[..., :draws])
+    return DraftSample(q, keys.sort(dim=-1, stable=True).indices[..., :draws].contiguous())
