@@ -18,25 +18,14 @@
 #include "lantern/cpu/clones.h"
 #include "lantern/cpu/target.h"
 #include "lantern/philox.h"
+#include "cpu/cpu_dtype.h"
 #include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
 
+using lantern::cpu::cpu_dtype;
 using lantern::cpu::DType;
-
-DType cpu_dtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kDouble:
-      return DType::kFloat64;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kHalf:
-      return DType::kFloat16;
-    default:
-      return DType::kFloat32;
-  }
-}
 
 // The `m` smallest (key, token) pairs offered, ascending by key, then token.
 template <class Real>

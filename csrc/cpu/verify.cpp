@@ -9,26 +9,15 @@
 #include <vector>
 
 #include "lantern/cpu/verify_walk.h"
+#include "cpu/cpu_dtype.h"
 #include "kernel_registry.h"
 #include "op_checks.h"
 
 namespace {
 
+using lantern::cpu::cpu_dtype;
 using lantern::cpu::DType;
 using lantern::cpu::VerifyError;
-
-DType cpu_dtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kDouble:
-      return DType::kFloat64;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kHalf:
-      return DType::kFloat16;
-    default:
-      return DType::kFloat32;
-  }
-}
 
 lantern::cpu::RowBlock block(const at::Tensor& t, int64_t b, int64_t row_elems) {
   return {static_cast<const char*>(t.data_ptr()) + b * row_elems * t.element_size(), cpu_dtype(t)};
