@@ -338,8 +338,9 @@ class DecodeState:
         """Sampled drafts of tree nodes on the drafter's own Philox stream: guided logits [B, N, V] -> (q [B, N, V]
         each node's draft distribution, tokens [B, N, draws]) by ``ops.draft_sample`` (a greedy row's q is
         one-hot at its top token, as in ``process``); node_ids [B, N] the nodes' Philox node ids. Where no kernel
-        serves draft_sample (a GPU), its definition is composed from process_logits and philox_uniform's kernel
-        rather than run as the reference's Python Philox."""
+        serves draft_sample (a GPU, the reference backend), its definition is composed from process_logits and
+        philox_uniform (the Philox words by philox_uniform's kernel where one serves it, not the reference's
+        Python rounds)."""
         s = self.s
         if self.backends["draft_sample"] == "reference":
             q = self.process(logits)
