@@ -117,3 +117,14 @@ def test_compact_kv():
         new_len = at_threads(n, lambda: ops.compact_kv(moved, cache_len, path_nodes, n_keep))
         runs.append((moved, new_len))
     assert_same_bits(runs)
+
+
+def test_draft_sample():
+    """Nodes spread over the threads (grain 1); each node's q and draws on one thread."""
+    routed("draft_sample")
+    g = torch.Generator().manual_seed(8)
+    logits = 3 * torch.randn(6, 3, 2000, generator=g)
+    kwargs = dict(temperature=torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0, 0.9]), top_k=torch.tensor([0, 0, 50, 0, 3, 0]),
+                  top_p=torch.tensor([1.0, 1.0, 0.9, 0.8, 1.0, 1.0]), draws=4, seed=12,
+                  node_ids=torch.arange(3).expand(6, 3), offset=5, rows=torch.arange(6) * 3)
+    assert_same_bits([at_threads(n, lambda: tuple(ops.draft_sample(logits, **kwargs))) for n in THREADS])
