@@ -352,8 +352,10 @@ inline DraftSampleDims check_draft_sample(const at::Tensor& logits, const std::o
   const int64_t B = logits.size(0), N = logits.size(1), V = logits.size(2);
   TORCH_CHECK_VALUE(V <= (int64_t{1} << 31) - 1, "draft_sample: V must fit in int32, got ", V);
   if (uncond_logits) {
-    TORCH_CHECK_TYPE(floating(*uncond_logits), "draft_sample: uncond_logits must be float32, float64, bfloat16 or "
-                     "float16, got ", uncond_logits->scalar_type());
+    TORCH_CHECK_TYPE(floating(*uncond_logits),
+                     "draft_sample: uncond_logits must be float32, float64, bfloat16 or "
+                     "float16, got ",
+                     uncond_logits->scalar_type());
     TORCH_CHECK_VALUE(uncond_logits->sizes() == logits.sizes() && uncond_logits->device() == logits.device(),
                       "draft_sample: uncond_logits must have logits' shape ", logits.sizes(), " and device, got ",
                       uncond_logits->sizes(), " on ", uncond_logits->device());
@@ -377,10 +379,10 @@ inline DraftSampleDims check_draft_sample(const at::Tensor& logits, const std::o
   }
   TORCH_CHECK_TYPE(node_ids.scalar_type() == at::kLong, "draft_sample: node_ids must be int64, got ",
                    node_ids.scalar_type());
-  TORCH_CHECK_VALUE(node_ids.dim() == 2 && node_ids.size(0) == B && node_ids.size(1) == N &&
-                        node_ids.device() == logits.device(),
-                    "draft_sample: node_ids must have shape [", B, ", ", N, "] on ", logits.device(), ", got ",
-                    node_ids.sizes(), " on ", node_ids.device());
+  TORCH_CHECK_VALUE(
+      node_ids.dim() == 2 && node_ids.size(0) == B && node_ids.size(1) == N && node_ids.device() == logits.device(),
+      "draft_sample: node_ids must have shape [", B, ", ", N, "] on ", logits.device(), ", got ", node_ids.sizes(),
+      " on ", node_ids.device());
   if (rows) {
     TORCH_CHECK_TYPE(rows->scalar_type() == at::kLong, "draft_sample: rows must be int64, got ", rows->scalar_type());
     TORCH_CHECK_VALUE(rows->dim() == 1 && rows->size(0) == B && rows->device() == logits.device(),

@@ -122,7 +122,7 @@ class DraftSampler {
       if (!(w > Real(0))) continue;
       const float u = dense ? u_[i] : lantern::philox_uniform(seed, static_cast<uint32_t>(i), node, row, offset);
       const Real bound = best_.bound();
-      if (bound < inf && static_cast<Real>(u) / w > bound * Real(1.0001)) continue;
+      if (bound<inf&& static_cast<Real>(u) / w> bound * Real(1.0001)) continue;
       const Real key = static_cast<Real>(lantern::exponential_key(u)) / w;
       if (key < inf) best_.offer(key, i);
     }
@@ -145,8 +145,7 @@ class DraftSampler {
 };
 
 template <class Real>
-void draft_rows(const DraftTensors& t, int64_t B, int64_t N, int64_t V, int64_t draws, uint64_t seed,
-                uint32_t offset) {
+void draft_rows(const DraftTensors& t, int64_t B, int64_t N, int64_t V, int64_t draws, uint64_t seed, uint32_t offset) {
   Real* probs = t.probs.data_ptr<Real>();
   int64_t* tokens = t.tokens.data_ptr<int64_t>();
   at::parallel_for(0, B * N, 1, [&](int64_t lo, int64_t hi) {
