@@ -25,13 +25,7 @@ from .compiled import CompiledRun, compiled_target, pad_room
 from .config import Sampling
 from .planner import compaction_due
 from .plans import Plan
-from .trees import (
-    DRAFT_SEED_SALT,
-    depths_from_mask,
-    draft_exponentials,
-    draw_without_replacement,
-    unguided_past_interval,
-)
+from .trees import DRAFT_SEED_SALT, depths_from_mask, sample_without_replacement, unguided_past_interval
 
 
 @dataclass(frozen=True)
@@ -344,8 +338,7 @@ class DecodeState:
         s = self.s
         if self.backends["draft_sample"] == "reference":
             q = self.process(logits)
-            exponentials = draft_exponentials(s.seed, logits.shape[-1], node_ids, offset, s.rows)
-            return ops.DraftSample(q, draw_without_replacement(q, draws, exponentials))
+            return ops.DraftSample(q, sample_without_replacement(q, draws, s.seed, node_ids, offset, s.rows))
         return ops.draft_sample(logits, None, 1.0, s.temperature, s.top_k, s.top_p, draws=draws,
                                 seed=s.seed ^ DRAFT_SEED_SALT, node_ids=node_ids, offset=offset, rows=s.rows,
                                 backend=self.backends["draft_sample"])

@@ -181,7 +181,7 @@ def grow_chain(scorer: DraftScorer, root_tok, root_logits, root_state, depth: in
     drafts = []  # [B] each
     all_parents = torch.arange(-1, depth - 1, device=dev).expand(B, -1)  # [B, depth] the drafts' partial tree
     all_depths = torch.arange(1, depth + 1, device=dev).expand(B, -1)
-    node_ids = all_depths - 1
+    node_ids = all_depths - 1 if draft is not None else None  # draft d's Philox node id is d
     for d in range(depth):
         if draft is not None:
             q, tok = draft(logits[:, None], 1, node_ids[:, d: d + 1], offset)  # [B, 1, V], [B, 1, 1]
