@@ -1,7 +1,10 @@
 """tree_attention (the verification forward, one layer): the CPU kernel (public op with its checks, and the
 bare torch.ops.lantern.tree_attention) against scaled_dot_product_attention with a dense boolean mask
-(built once, outside the timing) and the reference, at L in {256, 1024}, T = 64, H = 16, Dh = 64, B = 2.
-SDPA and the kernel are timed in alternation (the machine's load changes during a run)."""
+(built once, outside the timing) and the reference, at L in {256, 1024}, T = 64, H = 16, Dh = 64, B = 2; and
+at the shipped tiny model's decoding shapes (20 model rows: batch 10 with guidance, 4 heads, Dh 64, bfloat16,
+T = 1 (an AR step) and 3 (a chain of 2) after 33 and 60 cached positions), where a work item has at most 4
+query rows (the kernel's dot-product path). SDPA and the kernel are timed in alternation (the machine's load
+changes during a run)."""
 from __future__ import annotations
 
 import torch
@@ -28,7 +31,41 @@ def inputs(L: int, B: int = 2, H: int = 16, T: int = 64, Dh: int = 64):
 
 def run(report: Report, quick: bool = False) -> None:
     run_cpu(report, quick)
+    run_cpu_decode(report, quick)
     run_triton(report, quick)
+
+
+def decode_inputs(L: int, T: int, rows: int = 20, H: int = 4, Dh: int = 64, dtype=torch.bfloat16):
+    """The tiny model's shapes: q [rows, H, T, Dh], a cache k, v [rows, H, L + T + 4, Dh] with L positions
+    before the T nodes of a chain, cache_len [rows] (= L), the chain's mask."""
+    g = torch.Generator().manual_seed(L + T)
+    q = torch.randn(rows, H, T, Dh, generator=g).to(dtype)
+    k = torch.randn(rows, H, L + T + 4, Dh, generator=g).to(dtype)
+    v = torch.randn(rows, H, L + T + 4, Dh, generator=g).to(dtype)
+    cache_len = torch.full((rows,), L, dtype=torch.int64)
+    tree_mask = ops.ancestor_mask(torch.arange(-1, T - 1).expand(rows, T).contiguous())
+    return q, k, v, cache_len, tree_mask
+
+
+def run_cpu_decode(report: Report, quick: bool = False) -> None:
+    """The decoding shapes (module doc): the bare cpu kernel against SDPA with the dense mask, alternated."""
+    if not lantern.fused_ops("cpu").get("tree_attention"):
+        return
+    for L in ((33,) if quick else (33, 60)):
+        for T in (1, 3):
+            q, k, v, cache_len, tree_mask = decode_inputs(L, T)
+            dense = attention_mask(cache_len, tree_mask, T, k.shape[2])[:, None]  # [rows, 1, T, Lmax] bool
+            case = f"decode L={L} T={T} H=4 Dh=64 rows=20 bf16"
+            sdpa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)  # noqa: E731
+            with lantern.fused("cpu"):
+                kernel = lambda: torch.ops.lantern.tree_attention(q, k, v, cache_len, tree_mask)  # noqa: E731
+                times = interleaved_medians({"sdpa dense mask": sdpa, "cpu kernel": kernel}, repeats=15)
+                err = float((kernel().float() - sdpa().float()).abs().max())
+            for name, t in times.items():
+                report.add("tree_attention", case, name, t)
+            report.rows.append(dict(bench="tree_attention", case=case, check="max |cpu - sdpa|", value=err))
+            print(f"{'tree_attention':>18} {case:<34} max |cpu - sdpa| = {err:.2e}", flush=True)
+            report.ratio("tree_attention", case, "sdpa dense mask", "cpu kernel")
 
 
 def run_triton(report: Report, quick: bool = False) -> None:

@@ -52,7 +52,7 @@ class Report:
 
     def add(self, bench: str, case: str, impl: str, median_s: float, **extra) -> None:
         self.rows.append(dict(bench=bench, case=case, impl=impl, median_s=median_s, **extra))
-        print(f"{bench:>18} {case:<34} {impl:<22} {1e3 * median_s:10.2f} ms", flush=True)
+        print(f"{bench:>18} {case:<34} {impl:<22} {1e3 * median_s:10.3f} ms", flush=True)
 
     def ratio(self, bench: str, case: str, slow: str, fast: str) -> float:
         times = {r["impl"]: r["median_s"] for r in self.rows

@@ -170,7 +170,8 @@ LANTERN_ATTN_CLONES inline void attn_scores_nv(const float* k, int64_t ks, int64
 // Few query rows (an AR step, a short chain: M <= kAttnNarrowRows): the scores as dot products along Dh,
 // st[j, r] = k_j . q_r with q [M, Dh] row-major and st's row stride M, so no work goes to padding rows (the
 // transposed layout above computes 16 rows at a time). Each dot product sums 16-lane partial products, then
-// the lanes in a fixed order.
+// the lanes: one at a time here, or 16 keys' lanes together (``attn_scores_dot16_nv``) where registers hold 16
+// floats. Either way a score depends only on its key and query row, not on the call's other rows or keys.
 LANTERN_ATTN_INLINE float attn_lane_sum(const AttnVec& v) {
   float s = 0.f;
   for (int i = 0; i < 16; ++i) s += v[i];
@@ -202,16 +203,75 @@ LANTERN_ATTN_CLONES inline void attn_scores_dot_any(const float* k, int64_t ks, 
     }
 }
 
+// The wide-register form of ``attn_scores_dot_nv`` (GCC's __builtin_shuffle): 16 keys at a time, their 16 lane
+// vectors summed together by a shuffle butterfly (four rounds of pairwise lane sums) instead of 16 horizontal
+// sums. Fed the keys in bit-reversed order, the butterfly leaves key i's score in lane i. Keys past n are zero
+// vectors.
+#if defined(__GNUC__) && !defined(__clang__)
+#define LANTERN_ATTN_BUTTERFLY 1
+typedef int32_t AttnLanes __attribute__((vector_size(64)));
+
+LANTERN_ATTN_INLINE AttnVec attn_pair_sum(const AttnVec& a, const AttnVec& b, const AttnLanes& lo,
+                                          const AttnLanes& hi) {
+  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+}
+
+LANTERN_ATTN_INLINE AttnVec attn_lane_sums16(AttnVec* x) {
+  const AttnLanes lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const AttnLanes hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const AttnLanes lo2 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+  const AttnLanes hi2 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+  const AttnLanes lo3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+  const AttnLanes hi3 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+  const AttnLanes lo4 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+  const AttnLanes hi4 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+  for (int i = 0; i < 8; ++i) x[i] = attn_pair_sum(x[2 * i], x[2 * i + 1], lo1, hi1);
+  for (int i = 0; i < 4; ++i) x[i] = attn_pair_sum(x[2 * i], x[2 * i + 1], lo2, hi2);
+  for (int i = 0; i < 2; ++i) x[i] = attn_pair_sum(x[2 * i], x[2 * i + 1], lo3, hi3);
+  return attn_pair_sum(x[0], x[1], lo4, hi4);
+}
+
+template <int NV>
+LANTERN_ATTN_CLONES inline void attn_scores_dot16_nv(const float* k, int64_t ks, int64_t n, const float* q, int64_t M,
+                                                     float* st) {
+  constexpr int kBitReversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t keys = std::min<int64_t>(16, n - j0);
+    for (int64_t r = 0; r < M; ++r) {
+      AttnVec qv[NV];
+      for (int w = 0; w < NV; ++w) qv[w] = attn_load(q + r * 16 * NV + 16 * w);
+      AttnVec x[16];
+      for (int i = 0; i < 16; ++i) {
+        const int64_t j = kBitReversed[i];
+        x[i] = AttnVec{};
+        if (j < keys)
+          for (int w = 0; w < NV; ++w) x[i] += attn_load(k + (j0 + j) * ks + 16 * w) * qv[w];
+      }
+      const AttnVec s = attn_lane_sums16(x);
+      for (int64_t j = 0; j < keys; ++j) st[(j0 + j) * M + r] = s[j];
+    }
+  }
+}
+#else
+#define LANTERN_ATTN_BUTTERFLY 0
+template <int NV>
+inline void attn_scores_dot16_nv(const float* k, int64_t ks, int64_t n, const float* q, int64_t M, float* st) {
+  attn_scores_dot_nv<NV>(k, ks, n, q, M, st);
+}
+#endif
+
 inline void attn_scores_dot(const float* k, int64_t ks, int64_t n, int64_t Dh, const float* q, int64_t M, float* st) {
+  // (8-float registers would take the butterfly's shuffles through the stack)
+  const bool wide = LANTERN_ATTN_BUTTERFLY && attn_wide_registers();
   switch (Dh) {
     case 16:
-      return attn_scores_dot_nv<1>(k, ks, n, q, M, st);
+      return wide ? attn_scores_dot16_nv<1>(k, ks, n, q, M, st) : attn_scores_dot_nv<1>(k, ks, n, q, M, st);
     case 32:
-      return attn_scores_dot_nv<2>(k, ks, n, q, M, st);
+      return wide ? attn_scores_dot16_nv<2>(k, ks, n, q, M, st) : attn_scores_dot_nv<2>(k, ks, n, q, M, st);
     case 64:
-      return attn_scores_dot_nv<4>(k, ks, n, q, M, st);
+      return wide ? attn_scores_dot16_nv<4>(k, ks, n, q, M, st) : attn_scores_dot_nv<4>(k, ks, n, q, M, st);
     case 128:
-      return attn_scores_dot_nv<8>(k, ks, n, q, M, st);
+      return wide ? attn_scores_dot16_nv<8>(k, ks, n, q, M, st) : attn_scores_dot_nv<8>(k, ks, n, q, M, st);
     default:
       return attn_scores_dot_any(k, ks, n, Dh, q, M, st);
   }
@@ -343,15 +403,10 @@ LANTERN_ATTN_CLONES inline void attn_softmax(float* st, int64_t n, int64_t Mp, f
       sj[r] = x >= -87.3f ? x : -87.3f;
     }
   }
-  for (int64_t j = 0; j < n; ++j) {
-    float* sj = st + j * Mp;
-    const float* kj = keep + j * Mp;
-    for (int64_t r = 0; r < Mp; ++r) {
-      const float e = attn_exp(sj[r]) * kj[r];
-      sj[r] = e;
-      sum[r] += e;
-    }
-  }
+  const int64_t entries = n * Mp;  // one flat loop: it vectorises whatever Mp is (an AR step's is 1)
+  for (int64_t i = 0; i < entries; ++i) st[i] = attn_exp(st[i]) * keep[i];
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t r = 0; r < Mp; ++r) sum[r] += st[j * Mp + r];
   for (int64_t r = 0; r < Mp; ++r) {
     l[r] = l[r] * alpha[r] + sum[r];
     m[r] = mx[r];
@@ -364,6 +419,23 @@ LANTERN_ATTN_CLONES inline void attn_softmax(float* st, int64_t n, int64_t Mp, f
 LANTERN_ATTN_CLONES inline void attn_probe(const float* x, int64_t stride, int64_t n, int64_t w, float* probe) {
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = 0; i < w; ++i) probe[i] += x[j * stride + i] * 0.f;
+}
+
+// bfloat16 rows -> float32: out[j, d] = src[j * stride + d] for j < n, d < Dh (a bfloat16 is a float32's upper
+// half). Returns whether a row holds a NaN or an infinity (exponent bits all set), so that the value tiles
+// need no separate probe.
+LANTERN_ATTN_CLONES inline bool attn_bf16_rows(const uint16_t* src, int64_t stride, int64_t n, int64_t Dh, float* out) {
+  uint32_t special = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* row = src + j * stride;
+    float* o = out + j * Dh;
+    for (int64_t d = 0; d < Dh; ++d) {
+      const uint32_t h = row[d], bits = h << 16;
+      std::memcpy(o + d, &bits, 4);
+      special |= static_cast<uint32_t>((h & 0x7f80u) == 0x7f80u);
+    }
+  }
+  return special != 0;
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -424,11 +496,19 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
     const int64_t pos0 = tree ? L + first : first;
     const float *k = nullptr, *v = nullptr;
     int64_t ks = Dh, vs = Dh;
+    int probed = -1;  // whether the tile's values hold a non-finite element, where the conversion told (else -1)
     if (f32) {  // read the cache in place
       k = kbase + pos0 * p.k_sl;
       v = vbase + pos0 * p.v_sl;
       ks = p.k_sl;
       vs = p.v_sl;
+    } else if (p.dtype == DType::kBFloat16) {
+      const uint16_t* kh = static_cast<const uint16_t*>(p.k) + b * p.k_sb + g * p.k_sh + pos0 * p.k_sl;
+      const uint16_t* vh = static_cast<const uint16_t*>(p.v) + b * p.v_sb + g * p.v_sh + pos0 * p.v_sl;
+      attn_bf16_rows(kh, p.k_sl, n, Dh, ws.kt.data());
+      probed = attn_bf16_rows(vh, p.v_sl, n, Dh, ws.vt.data());
+      k = ws.kt.data();
+      v = ws.vt.data();
     } else {
       for (int64_t j = 0; j < n; ++j) {
         load_row<float>(p.k, p.dtype, b * p.k_sb + g * p.k_sh + (pos0 + j) * p.k_sl, Dh, ws.kt.data() + j * Dh);
@@ -442,10 +522,13 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
       attn_scores_dot(k, ks, n, Dh, qt, M, st);
     else
       attn_scores(k, ks, n, Dh, qt, Mp, st);
-    float* value_probe = ws.value_probe.data();
-    std::fill(value_probe, value_probe + Dh, 0.f);
-    attn_probe(v, vs, n, Dh, value_probe);
-    const bool any_bad_value = std::any_of(value_probe, value_probe + Dh, [](float x) { return x != x; });
+    bool any_bad_value = probed == 1;
+    if (probed < 0) {
+      float* value_probe = ws.value_probe.data();
+      std::fill(value_probe, value_probe + Dh, 0.f);
+      attn_probe(v, vs, n, Dh, value_probe);
+      any_bad_value = std::any_of(value_probe, value_probe + Dh, [](float x) { return x != x; });
+    }
     uint8_t* bad_value = ws.bad_value.data();
     if (any_bad_value) {  // rare: which keys, and values that cannot leak into rows not attending to them
       flag_bad_values(v, vs, n, Dh, bad_value);
