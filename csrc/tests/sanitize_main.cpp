@@ -481,6 +481,25 @@ void test_attention() {
   attention_case(r, 1, 2, 2, 5, 7, 80, DType::kFloat16, 1.f);
   attention_case(r, 1, 2, 1, 9, 16, 90, DType::kFloat64, 1.f);
   attention_case(r, 1, 2, 2, 4, 8, 40, DType::kFloat32, 1e20f);   // scores overflow to inf
+  attention_case(r, 3, 4, 4, 1, 64, 100, DType::kBFloat16, 1.f);  // the few-row path: an AR step
+  attention_case(r, 2, 4, 4, 3, 64, 90, DType::kBFloat16, 1.f);   // a chain of 2
+  attention_case(r, 2, 4, 2, 2, 64, 130, DType::kFloat32, 1.f);   // 4 rows an item (GQA), read in place
+}
+
+// The few-row scores: 16 keys at a time through the shuffle butterfly (where the compiler has it) against
+// one key at a time, any key count (partial blocks of 16) and rows per item, keys at a stride.
+void test_attention_butterfly() {
+  Rng r{11};
+  constexpr int64_t kKeys = 70, kStride = 80, kDh = 64;
+  std::vector<float> k(kKeys * kStride), q(4 * kDh), a(kKeys * 4), b(kKeys * 4);
+  for (auto& x : k) x = r.normal();
+  for (auto& x : q) x = r.normal();
+  for (int64_t M = 1; M <= 4; ++M)
+    for (int64_t n = 1; n <= kKeys; ++n) {
+      lantern::cpu::attn_scores_dot16_nv<4>(k.data(), kStride, n, q.data(), M, a.data());
+      lantern::cpu::attn_scores_dot_nv<4>(k.data(), kStride, n, q.data(), M, b.data());
+      for (int64_t i = 0; i < n * M; ++i) CHECK(std::fabs(a[i] - b[i]) <= 1e-5f * (1.f + std::fabs(b[i])));
+    }
 }
 
 void test_compact_kv_rows() {
@@ -505,6 +524,7 @@ int main() {
   test_verify_split_vocabulary<double>();
   test_neighbours();
   test_attention();
+  test_attention_butterfly();
   test_compact_kv_rows();
   std::printf("sanitize_main: OK\n");
   return 0;

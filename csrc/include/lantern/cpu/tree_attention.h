@@ -211,12 +211,14 @@ LANTERN_ATTN_CLONES inline void attn_scores_dot_any(const float* k, int64_t ks, 
 #define LANTERN_ATTN_BUTTERFLY 1
 typedef int32_t AttnLanes __attribute__((vector_size(64)));
 
-LANTERN_ATTN_INLINE AttnVec attn_pair_sum(const AttnVec& a, const AttnVec& b, const AttnLanes& lo,
-                                          const AttnLanes& hi) {
-  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+// (results through pointers: a 64-byte vector returned by value from a non-clone function changes the ABI)
+LANTERN_ATTN_INLINE void attn_pair_sum(const AttnVec& a, const AttnVec& b, const AttnLanes& lo, const AttnLanes& hi,
+                                       AttnVec* out) {
+  *out = __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
 }
 
-LANTERN_ATTN_INLINE AttnVec attn_lane_sums16(AttnVec* x) {
+// x[0] <- the lane sums of x[0..15], key by key (see above); x[1..15] are overwritten.
+LANTERN_ATTN_INLINE void attn_lane_sums16(AttnVec* x) {
   const AttnLanes lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
   const AttnLanes hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
   const AttnLanes lo2 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
@@ -225,10 +227,10 @@ LANTERN_ATTN_INLINE AttnVec attn_lane_sums16(AttnVec* x) {
   const AttnLanes hi3 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
   const AttnLanes lo4 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
   const AttnLanes hi4 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
-  for (int i = 0; i < 8; ++i) x[i] = attn_pair_sum(x[2 * i], x[2 * i + 1], lo1, hi1);
-  for (int i = 0; i < 4; ++i) x[i] = attn_pair_sum(x[2 * i], x[2 * i + 1], lo2, hi2);
-  for (int i = 0; i < 2; ++i) x[i] = attn_pair_sum(x[2 * i], x[2 * i + 1], lo3, hi3);
-  return attn_pair_sum(x[0], x[1], lo4, hi4);
+  for (int i = 0; i < 8; ++i) attn_pair_sum(x[2 * i], x[2 * i + 1], lo1, hi1, &x[i]);
+  for (int i = 0; i < 4; ++i) attn_pair_sum(x[2 * i], x[2 * i + 1], lo2, hi2, &x[i]);
+  for (int i = 0; i < 2; ++i) attn_pair_sum(x[2 * i], x[2 * i + 1], lo3, hi3, &x[i]);
+  attn_pair_sum(x[0], x[1], lo4, hi4, &x[0]);
 }
 
 template <int NV>
@@ -247,8 +249,8 @@ LANTERN_ATTN_CLONES inline void attn_scores_dot16_nv(const float* k, int64_t ks,
         if (j < keys)
           for (int w = 0; w < NV; ++w) x[i] += attn_load(k + (j0 + j) * ks + 16 * w) * qv[w];
       }
-      const AttnVec s = attn_lane_sums16(x);
-      for (int64_t j = 0; j < keys; ++j) st[(j0 + j) * M + r] = s[j];
+      attn_lane_sums16(x);
+      for (int64_t j = 0; j < keys; ++j) st[(j0 + j) * M + r] = x[0][j];
     }
   }
 }
