@@ -122,7 +122,8 @@ class DraftSampler {
       if (!(w > Real(0))) continue;
       const float u = dense ? u_[i] : lantern::philox_uniform(seed, static_cast<uint32_t>(i), node, row, offset);
       const Real bound = best_.bound();
-      if (bound<inf&& static_cast<Real>(u) / w> bound * Real(1.0001)) continue;
+      const Real least_key = static_cast<Real>(u) / w;  // the key is E / w with E >= u
+      if (bound < inf && least_key > bound * Real(1.0001)) continue;
       const Real key = static_cast<Real>(lantern::exponential_key(u)) / w;
       if (key < inf) best_.offer(key, i);
     }
