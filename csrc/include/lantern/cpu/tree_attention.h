@@ -262,18 +262,24 @@ inline void attn_scores_dot16_nv(const float* k, int64_t ks, int64_t n, const fl
 }
 #endif
 
+// Dh = 16 NV: the butterfly where registers hold 16 floats (8-float registers would take its shuffles through
+// the stack), else one key at a time.
+template <int NV>
+inline void attn_scores_dot_fixed(const float* k, int64_t ks, int64_t n, const float* q, int64_t M, float* st) {
+  if (LANTERN_ATTN_BUTTERFLY && attn_wide_registers()) return attn_scores_dot16_nv<NV>(k, ks, n, q, M, st);
+  attn_scores_dot_nv<NV>(k, ks, n, q, M, st);
+}
+
 inline void attn_scores_dot(const float* k, int64_t ks, int64_t n, int64_t Dh, const float* q, int64_t M, float* st) {
-  // (8-float registers would take the butterfly's shuffles through the stack)
-  const bool wide = LANTERN_ATTN_BUTTERFLY && attn_wide_registers();
   switch (Dh) {
     case 16:
-      return wide ? attn_scores_dot16_nv<1>(k, ks, n, q, M, st) : attn_scores_dot_nv<1>(k, ks, n, q, M, st);
+      return attn_scores_dot_fixed<1>(k, ks, n, q, M, st);
     case 32:
-      return wide ? attn_scores_dot16_nv<2>(k, ks, n, q, M, st) : attn_scores_dot_nv<2>(k, ks, n, q, M, st);
+      return attn_scores_dot_fixed<2>(k, ks, n, q, M, st);
     case 64:
-      return wide ? attn_scores_dot16_nv<4>(k, ks, n, q, M, st) : attn_scores_dot_nv<4>(k, ks, n, q, M, st);
+      return attn_scores_dot_fixed<4>(k, ks, n, q, M, st);
     case 128:
-      return wide ? attn_scores_dot16_nv<8>(k, ks, n, q, M, st) : attn_scores_dot_nv<8>(k, ks, n, q, M, st);
+      return attn_scores_dot_fixed<8>(k, ks, n, q, M, st);
     default:
       return attn_scores_dot_any(k, ks, n, Dh, q, M, st);
   }
@@ -464,6 +470,13 @@ inline const float* finite_values(const float* v, int64_t vs, int64_t n, int64_t
   return out;
 }
 
+// Whether value rows v_j (j < n, stride vs) hold a NaN or an infinity (``attn_probe`` into probe [Dh]).
+inline bool attn_values_nonfinite(const float* v, int64_t vs, int64_t n, int64_t Dh, float* probe) {
+  std::fill(probe, probe + Dh, 0.f);
+  attn_probe(v, vs, n, Dh, probe);
+  return std::any_of(probe, probe + Dh, [](float x) { return x != x; });
+}
+
 // Query rows [r0, r1) (r1 - r0 <= kAttnRows) of batch row b and kv head g.
 inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, int64_t r1, AttnScratch& ws) {
   const int64_t Dh = p.Dh, T = p.T, G = p.H / p.Hkv, M = r1 - r0;
@@ -498,17 +511,18 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
     const int64_t pos0 = tree ? L + first : first;
     const float *k = nullptr, *v = nullptr;
     int64_t ks = Dh, vs = Dh;
-    int probed = -1;  // whether the tile's values hold a non-finite element, where the conversion told (else -1)
+    bool any_bad_value = false;  // the tile's values hold a NaN or an infinity
     if (f32) {  // read the cache in place
       k = kbase + pos0 * p.k_sl;
       v = vbase + pos0 * p.v_sl;
       ks = p.k_sl;
       vs = p.v_sl;
-    } else if (p.dtype == DType::kBFloat16) {
+      any_bad_value = attn_values_nonfinite(v, vs, n, Dh, ws.value_probe.data());
+    } else if (p.dtype == DType::kBFloat16) {  // converted at vector width, flagged as converted
       const uint16_t* kh = static_cast<const uint16_t*>(p.k) + b * p.k_sb + g * p.k_sh + pos0 * p.k_sl;
       const uint16_t* vh = static_cast<const uint16_t*>(p.v) + b * p.v_sb + g * p.v_sh + pos0 * p.v_sl;
       attn_bf16_rows(kh, p.k_sl, n, Dh, ws.kt.data());
-      probed = attn_bf16_rows(vh, p.v_sl, n, Dh, ws.vt.data());
+      any_bad_value = attn_bf16_rows(vh, p.v_sl, n, Dh, ws.vt.data());
       k = ws.kt.data();
       v = ws.vt.data();
     } else {
@@ -518,19 +532,13 @@ inline void attend_rows(const AttnProblem& p, int64_t b, int64_t g, int64_t r0, 
       }
       k = ws.kt.data();
       v = ws.vt.data();
+      any_bad_value = attn_values_nonfinite(v, vs, n, Dh, ws.value_probe.data());
     }
     float* st = ws.st.data();
     if (narrow)
       attn_scores_dot(k, ks, n, Dh, qt, M, st);
     else
       attn_scores(k, ks, n, Dh, qt, Mp, st);
-    bool any_bad_value = probed == 1;
-    if (probed < 0) {
-      float* value_probe = ws.value_probe.data();
-      std::fill(value_probe, value_probe + Dh, 0.f);
-      attn_probe(v, vs, n, Dh, value_probe);
-      any_bad_value = std::any_of(value_probe, value_probe + Dh, [](float x) { return x != x; });
-    }
     uint8_t* bad_value = ws.bad_value.data();
     if (any_bad_value) {  // rare: which keys, and values that cannot leak into rows not attending to them
       flag_bad_values(v, vs, n, Dh, bad_value);
