@@ -63,8 +63,7 @@ def run_cpu_decode(report: Report, quick: bool = False) -> None:
                 err = float((kernel().float() - sdpa().float()).abs().max())
             for name, t in times.items():
                 report.add("tree_attention", case, name, t)
-            report.rows.append(dict(bench="tree_attention", case=case, check="max |cpu - sdpa|", value=err))
-            print(f"{'tree_attention':>18} {case:<34} max |cpu - sdpa| = {err:.2e}", flush=True)
+            report.check("tree_attention", case, "max |cpu - sdpa|", err, f"{err:.2e}")
             report.ratio("tree_attention", case, "sdpa dense mask", "cpu kernel")
 
 
@@ -96,8 +95,7 @@ def run_triton(report: Report, quick: bool = False) -> None:
             report.add("tree_attention", case, "triton kernel",
                        cuda_median_seconds(lambda: triton_kernel(q, k, v, cache_len, tree_mask)))
             err = float((got.float() - sdpa().float()).abs().max())
-            report.rows.append(dict(bench="tree_attention", case=case, check="max |triton - sdpa|", value=err))
-            print(f"{'tree_attention':>18} {case:<34} max |triton - sdpa| = {err:.2e}", flush=True)
+            report.check("tree_attention", case, "max |triton - sdpa|", err, f"{err:.2e}")
             for slow in ("sdpa dense mask (cuda)", "reference (cuda)", "triton (public op)"):
                 report.ratio("tree_attention", case, slow, "triton kernel")
 
@@ -132,8 +130,7 @@ def run_cpu(report: Report, quick: bool = False) -> None:
         for name, t in {**times, **single}.items():
             report.add("tree_attention", case, name, t)
         err = float((got - sdpa()).abs().max())
-        report.rows.append(dict(bench="tree_attention", case=case, check="max |cpu - sdpa|", value=err))
-        print(f"{'tree_attention':>18} {case:<34} max |cpu - sdpa| = {err:.2e}", flush=True)
+        report.check("tree_attention", case, "max |cpu - sdpa|", err, f"{err:.2e}")
         for slow in ("sdpa dense mask", "reference", "cpu (public op)"):
             report.ratio("tree_attention", case, slow, "cpu kernel")
         report.ratio("tree_attention", case, "sdpa dense mask (1 thread)", "cpu kernel (1 thread)")

@@ -54,6 +54,11 @@ class Report:
         self.rows.append(dict(bench=bench, case=case, impl=impl, median_s=median_s, **extra))
         print(f"{bench:>18} {case:<34} {impl:<22} {1e3 * median_s:10.3f} ms", flush=True)
 
+    def check(self, bench: str, case: str, check: str, value, shown: str) -> None:
+        """A correctness figure beside the timings: a row {bench, case, check, value}, printed as ``shown``."""
+        self.rows.append(dict(bench=bench, case=case, check=check, value=value))
+        print(f"{bench:>18} {case:<34} {check} = {shown}", flush=True)
+
     def ratio(self, bench: str, case: str, slow: str, fast: str) -> float:
         times = {r["impl"]: r["median_s"] for r in self.rows
                  if r["bench"] == bench and r["case"] == case and "impl" in r}
